@@ -1,0 +1,27 @@
+// The IPC semantics behind the hooked entry points. entry turns C calls into
+// these, inside a noexcept boundary; each returns the CUresult the caller sees.
+#pragma once
+
+#include <cuda.h>
+
+namespace vmmipc::core {
+
+// False when VMMIPC_ENABLE=0 or the driver cannot be loaded: hooks pass through.
+bool Active();
+
+CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr address);
+// `v2` picks the real entry point a foreign handle is forwarded to.
+CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
+                          bool v2);
+CUresult IpcCloseMemHandle(CUdeviceptr pointer);
+
+CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                   const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult MemRelease(CUmemGenericAllocationHandle handle);
+
+CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
+CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                              CUdeviceptr pointer);
+CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer);
+
+}  // namespace vmmipc::core

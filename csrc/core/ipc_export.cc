@@ -1,0 +1,153 @@
+// The exporter's side: cuIpcGetMemHandle on VMM memory (metadata only, no fd
+// until a peer asks) and the listener's handler that answers peers with the
+// chunks of the run and their fds.
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "config/params.h"
+#include "core/ipc.h"
+#include "core/process_state.h"
+#include "core/vmm_memory.h"
+#include "driver/real_driver.h"
+#include "state/handle_codec.h"
+
+namespace vmmipc::core {
+namespace {
+
+// More chunks than this in one run is refused rather than sending an
+// unbounded stream of fds (64 Ki chunks of 2 MiB is already 128 GiB).
+constexpr size_t kMaxChunksPerRun = 65536;
+
+transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail) {
+  transport::ServeReply reply;
+  reply.refuse = reason;
+  reply.detail = std::move(detail);
+  return reply;
+}
+
+// Runs on the listener thread. It has no context of its own: use the one the
+// first export ran in (export itself works without one, measured, but the
+// range queries are not measured that way).
+transport::ServeReply Serve(const transport::ServeRequest& request) {
+  ProcessState& state = State();
+  if (state.export_context != nullptr)
+    (void)VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context));
+
+  ChunkInfo first;
+  if (DescribeChunk(request.address, &first) != CUDA_SUCCESS)
+    return Refuse(transport::RefuseReason::kFreed,
+                  fmt::format("0x{:x} is no longer mapped VMM memory", request.address));
+  if (first.base != request.chunk_base ||
+      first.generation != static_cast<uint32_t>(request.generation))
+    return Refuse(transport::RefuseReason::kFreed,
+                  fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
+                              "made (generation {} now, {} in the handle)",
+                              request.address, first.generation, request.generation));
+  uint64_t region_base = 0, region_size = 0;
+  if (RegionOf(request.address, &region_base, &region_size) != CUDA_SUCCESS)
+    return Refuse(transport::RefuseReason::kFreed, "the reservation is gone");
+  const uint64_t region_end = region_base + region_size;
+
+  transport::ServeReply reply;
+  ChunkInfo chunk = first;
+  for (;;) {
+    if (!chunk.posix_fd_exportable)
+      return Refuse(transport::RefuseReason::kExportFailed,
+                    fmt::format("chunk 0x{:x} was created without POSIX fd export", chunk.base));
+    CUmemGenericAllocationHandle handle = 0;
+    if (VMMIPC_REAL(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(chunk.base)) !=
+        CUDA_SUCCESS)
+      return Refuse(transport::RefuseReason::kFreed,
+                    fmt::format("chunk 0x{:x} vanished while serving", chunk.base));
+    int fd = -1;
+    CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &fd, handle,
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    (void)VMMIPC_REAL(MemRelease, handle);
+    if (exported != CUDA_SUCCESS)
+      return Refuse(transport::RefuseReason::kExportFailed,
+                    fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", chunk.base,
+                                driver::ErrorName(exported)));
+    transport::ChunkGrant grant;
+    grant.fd.Reset(fd);
+    grant.address = chunk.base;
+    grant.size = chunk.size;
+    grant.generation = chunk.generation;
+    reply.chunks.push_back(std::move(grant));
+    if (reply.chunks.size() > kMaxChunksPerRun)
+      return Refuse(transport::RefuseReason::kTooManyChunks,
+                    fmt::format("the run from 0x{:x} has more than {} chunks", first.base,
+                                kMaxChunksPerRun));
+    // The run goes on while the next address is mapped in the same reservation.
+    const uint64_t next = chunk.base + chunk.size;
+    if (next >= region_end || DescribeChunk(next, &chunk) != CUDA_SUCCESS || chunk.base != next)
+      break;
+  }
+  return reply;
+}
+
+// Starts the listener on the first export. Caller holds export_mutex.
+CUresult EnsureListenerLocked(ProcessState& state) {
+  if (state.listener) return CUDA_SUCCESS;
+  if (state.listener_failed) return CUDA_ERROR_OPERATING_SYSTEM;
+  CUcontext context = nullptr;
+  if (VMMIPC_REAL(CtxGetCurrent, &context) == CUDA_SUCCESS) state.export_context = context;
+  const config::Params& params = config::Get();
+  transport::ListenerOptions options;
+  options.token = state.token;
+  options.pid = state.pid;
+  options.socket_dir = params.socket_dir;
+  options.timeout_ms = static_cast<int>(params.timeout_ms);
+  std::string error;
+  state.listener = transport::Listener::Start(options, Serve, &error);
+  if (!state.listener) {
+    // Remembered so that every later export fails fast with the same reason.
+    state.listener_failed = true;
+    VMMIPC_LOG_ERROR("cannot start the export listener: {}; VMM memory cannot be exported "
+                     "from this process", error);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} ({}), listening on {}", VMMIPC_VERSION_STRING,
+                  state.rank, params.rank_source, state.listener->address());
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
+  // The real driver first: legacy memory keeps its legacy handle, untouched.
+  const CUresult legacy = VMMIPC_REAL(IpcGetMemHandle, out, address);
+  if (legacy != CUDA_ERROR_INVALID_VALUE || out == nullptr || !Active()) return legacy;
+
+  ChunkInfo chunk;
+  if (DescribeChunk(address, &chunk) != CUDA_SUCCESS) return legacy;  // not VMM memory either
+  if (!chunk.posix_fd_exportable) {
+    VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): VMM memory created without "
+                    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared (created before "
+                    "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)", address);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  uint64_t region_base = 0, region_size = 0;
+  VMMIPC_RETURN_IF_ERROR(RegionOf(address, &region_base, &region_size));
+
+  ProcessState& state = State();
+  {
+    std::lock_guard<std::mutex> lock(state.export_mutex);
+    VMMIPC_RETURN_IF_ERROR(EnsureListenerLocked(state));
+  }
+  state::Vmm2Handle handle;
+  handle.rank_slot = state.rank >= 0 ? static_cast<uint16_t>(state.rank) : state::kUnranked;
+  handle.pid = state.pid;
+  handle.generation = chunk.generation;
+  handle.token = state.token;
+  handle.address = address;
+  handle.chunk_size = chunk.size;
+  handle.chunk_base = chunk.base;
+  handle.region_base = region_base;
+  state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
+  VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
+                   chunk.base, chunk.size, region_base, chunk.generation);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vmmipc::core

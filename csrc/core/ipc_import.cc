@@ -1,0 +1,236 @@
+// The importer's side: cuIpcOpenMemHandle of a VMM2 handle (fetch the run's
+// chunk fds from the exporter, map them at deterministic addresses) and
+// cuIpcCloseMemHandle (the last close unmaps). Foreign handles and pointers
+// go to the real driver unchanged.
+#include <cinttypes>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "config/params.h"
+#include "core/ipc.h"
+#include "core/placement.h"
+#include "core/process_state.h"
+#include "driver/real_driver.h"
+#include "state/handle_codec.h"
+#include "transport/peer_client.h"
+
+namespace vmmipc::core {
+namespace {
+
+CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
+                     bool v2) {
+  return v2 ? VMMIPC_REAL(IpcOpenMemHandle, pointer, handle, flags)
+            : VMMIPC_REAL(IpcOpenMemHandleV1, pointer, handle, flags);
+}
+
+CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
+  using transport::FetchStatus;
+  using transport::RefuseReason;
+  CUresult code = CUDA_ERROR_MAP_FAILED;
+  switch (fetched.status) {
+    case FetchStatus::kOk: return CUDA_SUCCESS;
+    case FetchStatus::kNoExporter: code = CUDA_ERROR_INVALID_HANDLE; break;
+    case FetchStatus::kUnauthentic: code = CUDA_ERROR_NOT_PERMITTED; break;
+    case FetchStatus::kNoResources: code = CUDA_ERROR_OPERATING_SYSTEM; break;
+    case FetchStatus::kTimeout:
+    case FetchStatus::kProtocolError: code = CUDA_ERROR_MAP_FAILED; break;
+    case FetchStatus::kRefused:
+      switch (fetched.refuse) {
+        case RefuseReason::kBadToken:
+        case RefuseReason::kFreed:
+        case RefuseReason::kNotExported: code = CUDA_ERROR_INVALID_HANDLE; break;
+        case RefuseReason::kWrongUser: code = CUDA_ERROR_NOT_PERMITTED; break;
+        default: code = CUDA_ERROR_MAP_FAILED; break;
+      }
+      break;
+  }
+  VMMIPC_LOG_WARN("cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
+                  fetched.detail.empty() ? transport::FetchStatusName(fetched.status)
+                                         : fetched.detail,
+                  driver::ErrorName(code));
+  return code;
+}
+
+// The exporter's answer must describe a run that starts at the handle's chunk
+// and is contiguous; anything else is refused before mapping.
+bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
+                     const state::Vmm2Handle& h) {
+  if (chunks.empty() || chunks[0].address != h.chunk_base || chunks[0].size != h.chunk_size)
+    return false;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].size == 0 || !chunks[i].fd.valid()) return false;
+    if (chunks[i].address + chunks[i].size < chunks[i].address) return false;  // wraps
+    if (i > 0 && chunks[i].address != chunks[i - 1].address + chunks[i - 1].size) return false;
+  }
+  return true;
+}
+
+struct Placement {
+  uint64_t run_target = 0;          // importer address of the run's first byte
+  uint64_t private_reservation = 0; // non-zero for best-effort placement
+  uint64_t private_size = 0;
+};
+
+// Decides where the run goes: its slot in the zone when the exporter is
+// ranked, the run fits the slot, and nothing else is mapped there (a stale
+// chunk of an earlier generation counts as something else: never aliased).
+CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
+                  const std::vector<transport::ChunkGrant>& chunks, Placement* placement) {
+  const uint64_t run_base = chunks.front().address;
+  const uint64_t run_size = chunks.back().address + chunks.back().size - run_base;
+  const state::ExporterId exporter{h.pid, h.token};
+  const char* why_not = nullptr;
+  if (h.rank_slot == state::kUnranked) {
+    why_not = "the exporter has no rank (set VMMIPC_RANK or LOCAL_RANK)";
+  } else {
+    EnsureZoneLocked(state);
+    std::optional<uint64_t> target =
+        state::ZoneTarget(state.zone, h.rank_slot, h.region_base, run_base, run_size);
+    if (state.zone_state != ZoneState::kReserved) {
+      why_not = "there is no import zone";
+    } else if (!target) {
+      why_not = "the run does not fit the exporter's slot (rank >= VMMIPC_ZONE_SLOTS, or "
+                "offset beyond VMMIPC_SLOT_SIZE)";
+    } else {
+      for (const auto& chunk : chunks) {
+        const uint64_t chunk_target = *target + (chunk.address - run_base);
+        if (state.imports.Probe(chunk_target, chunk.size, exporter, chunk.address,
+                                static_cast<uint32_t>(chunk.generation)) ==
+            state::ChunkProbe::kConflict) {
+          why_not = "its slot range already holds other memory (a stale chunk the exporter "
+                    "re-created, or another reservation of the exporter at the same offset)";
+          break;
+        }
+      }
+      if (why_not == nullptr) {
+        placement->run_target = *target;
+        return CUDA_SUCCESS;
+      }
+    }
+  }
+  if (h.rank_slot == state::kUnranked)
+    VMMIPC_LOG_INFO("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid, why_not);
+  else
+    VMMIPC_LOG_WARN("placing 0x{:x} bytes from pid {} (rank {}) best-effort, not at a "
+                    "deterministic address: {}", run_size, h.pid, h.rank_slot, why_not);
+  VMMIPC_RETURN_IF_ERROR(ReserveAnywhere(run_size, &placement->private_reservation));
+  placement->private_size = run_size;
+  placement->run_target = placement->private_reservation;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
+                          bool v2) {
+  if (!Active()) return ForwardOpen(pointer, raw, flags, v2);
+  state::Vmm2Handle h;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(raw.reserved);
+  switch (state::DecodeHandle(bytes, &h)) {
+    case state::DecodeStatus::kOk: break;
+    case state::DecodeStatus::kNotVmm2: return ForwardOpen(pointer, raw, flags, v2);
+    case state::DecodeStatus::kBadChecksum:
+      // Four bytes of a foreign handle can spell "VMM2" by chance: let the
+      // driver judge it (it refuses garbage safely, measured).
+      VMMIPC_LOG_DEBUG("handle has the VMM2 magic but a bad checksum; passing it to the driver");
+      return ForwardOpen(pointer, raw, flags, v2);
+    case state::DecodeStatus::kUnknownVersion:
+      VMMIPC_LOG_ERROR("cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
+                       "vmmipc (knows version {}); use the same vmmipc in every process",
+                       bytes[4], state::kHandleVersion);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    case state::DecodeStatus::kMalformed:
+      VMMIPC_LOG_WARN("cuIpcOpenMemHandle: malformed VMM2 handle (fields contradict)");
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (pointer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
+    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
+                    "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS", flags);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ProcessState& state = State();
+  if (h.pid == state.pid && h.token == state.token) {
+    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: the handle was exported by this process");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  CUdevice device = 0;
+  if (VMMIPC_REAL(CtxGetDevice, &device) != CUDA_SUCCESS) {
+    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: no current CUDA context");
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+
+  std::lock_guard<std::mutex> lock(state.import_mutex);
+  const state::OpenKey key{{h.pid, h.token}, h.address, h.generation, h.region_base, h.rank_slot};
+  if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
+    *pointer = *again;
+    return CUDA_SUCCESS;
+  }
+
+  const config::Params& params = config::Get();
+  transport::FetchRequest request{h.pid, h.token, h.address, h.chunk_base, h.generation};
+  transport::FetchResult fetched =
+      transport::FetchChunks(request, {params.socket_dir, static_cast<int>(params.timeout_ms)});
+  if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
+  if (!RunIsConsistent(fetched.chunks, h)) {
+    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
+                    "match the handle (chunk 0x{:x}+0x{:x})", h.pid, h.chunk_base, h.chunk_size);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+
+  Placement placement;
+  VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
+  const uint64_t run_base = fetched.chunks.front().address;
+  const state::ExporterId exporter{h.pid, h.token};
+  state::OpenRecord record;
+  std::vector<state::MappedChunk> mapped_now;
+  CUresult result = CUDA_SUCCESS;
+  for (const auto& chunk : fetched.chunks) {
+    state::MappedChunk mapped{placement.run_target + (chunk.address - run_base), chunk.size,
+                              exporter, chunk.address, static_cast<uint32_t>(chunk.generation), 0};
+    record.chunks.push_back(mapped.target);
+    if (state.imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
+                            mapped.generation) == state::ChunkProbe::kSame)
+      continue;  // an earlier open mapped it already: shared, reference counted
+    result = MapChunk(chunk.fd.get(), mapped.target, mapped.size);
+    if (result != CUDA_SUCCESS) break;
+    mapped_now.push_back(mapped);
+  }
+  if (result != CUDA_SUCCESS) {
+    for (const auto& chunk : mapped_now) UnmapChunk(chunk.target, chunk.size);
+    if (placement.private_reservation != 0)
+      FreeReservation(placement.private_reservation, placement.private_size);
+    return result;
+  }
+  for (const auto& chunk : mapped_now) state.imports.AddChunk(chunk);
+  record.key = key;
+  record.pointer = placement.run_target + (h.address - run_base);
+  record.run_base = placement.run_target;
+  record.run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
+  record.private_reservation = placement.private_reservation;
+  record.private_reservation_size = placement.private_size;
+  state.imports.AddOpen(record);
+  *pointer = record.pointer;
+  VMMIPC_LOG_DEBUG("opened 0x{:x} of pid {} at 0x{:x} ({} chunks, {} newly mapped)", h.address,
+                   h.pid, record.pointer, record.chunks.size(), mapped_now.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
+  if (!Active()) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
+  ProcessState& state = State();
+  state::CloseResult closed;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    closed = state.imports.Close(pointer);
+    if (closed.ours) {
+      for (const auto& chunk : closed.to_unmap) UnmapChunk(chunk.target, chunk.size);
+      if (closed.free_reservation != 0)
+        FreeReservation(closed.free_reservation, closed.free_reservation_size);
+    }
+  }
+  // Not ours (legacy memory, or one close too many): the driver decides.
+  return closed.ours ? CUDA_SUCCESS : VMMIPC_REAL(IpcCloseMemHandle, pointer);
+}
+
+}  // namespace vmmipc::core

@@ -1,0 +1,122 @@
+// The hooks around allocation and pointer queries:
+//  - cuMemCreate asks for POSIX-fd export on device memory, so that memory a
+//    program made without it can still be shared, and gives each new chunk a
+//    generation; cuMemRelease drops it.
+//  - IS_LEGACY_CUDA_IPC_CAPABLE reports 1 on VMM memory vmmipc can export, so
+//    callers that check it take the IPC path.
+//  - range queries on imported pointers answer with the imported run, as the
+//    driver does for a legacy IPC mapping (the allocation).
+#include "common/log.h"
+#include "config/params.h"
+#include "core/ipc.h"
+#include "core/process_state.h"
+#include "core/vmm_memory.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+namespace {
+
+// The imported run holding `address`, if vmmipc mapped it.
+bool ImportedRun(uint64_t address, uint64_t* base, uint64_t* size) {
+  ProcessState& state = State();
+  std::lock_guard<std::mutex> lock(state.import_mutex);
+  if (state.imports.open_count() == 0) return false;
+  const state::OpenRecord* record = state.imports.FindByAddress(address);
+  if (record == nullptr) return false;
+  *base = record->run_base;
+  *size = record->run_size;
+  return true;
+}
+
+// Rewrites one attribute the driver already answered. Returns true if it did.
+bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: {
+      auto* capable = static_cast<int*>(data);
+      if (*capable != 0) return false;
+      ChunkInfo chunk;
+      if (DescribeChunk(pointer, &chunk) != CUDA_SUCCESS || !chunk.posix_fd_exportable)
+        return false;
+      *capable = 1;
+      return true;
+    }
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: {
+      uint64_t base = 0, size = 0;
+      if (!ImportedRun(pointer, &base, &size)) return false;
+      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+        *static_cast<CUdeviceptr*>(data) = base;
+      else
+        *static_cast<size_t*>(data) = size;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool Active() {
+  static const bool enabled = config::Get().enable;
+  return enabled && driver::Loaded();
+}
+
+CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                   const CUmemAllocationProp* prop, unsigned long long flags) {
+  const bool widen = Active() && prop != nullptr && config::Get().force_posix_fd &&
+                     prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                     (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0;
+  CUresult result;
+  if (widen) {
+    CUmemAllocationProp widened = *prop;
+    widened.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(
+        widened.requestedHandleTypes | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    result = VMMIPC_REAL(MemCreate, handle, size, &widened, flags);
+    // Some allocation kinds may refuse the extra type: then behave as asked.
+    if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY) {
+      VMMIPC_LOG_DEBUG("cuMemCreate with POSIX fd export added failed ({}); retrying as asked",
+                       driver::ErrorName(result));
+      result = VMMIPC_REAL(MemCreate, handle, size, prop, flags);
+    }
+  } else {
+    result = VMMIPC_REAL(MemCreate, handle, size, prop, flags);
+  }
+  if (result == CUDA_SUCCESS && handle != nullptr && Active())
+    State().generations.OnCreate(*handle);
+  return result;
+}
+
+CUresult MemRelease(CUmemGenericAllocationHandle handle) {
+  const CUresult result = VMMIPC_REAL(MemRelease, handle);
+  if (result == CUDA_SUCCESS && Active()) State().generations.OnRelease(handle);
+  return result;
+}
+
+CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
+  const CUresult result = VMMIPC_REAL(PointerGetAttribute, data, attribute, pointer);
+  if (result == CUDA_SUCCESS && data != nullptr && Active()) Amend(attribute, data, pointer);
+  return result;
+}
+
+CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                              CUdeviceptr pointer) {
+  const CUresult result = VMMIPC_REAL(PointerGetAttributes, count, attributes, data, pointer);
+  if (result != CUDA_SUCCESS || attributes == nullptr || data == nullptr || !Active())
+    return result;
+  for (unsigned int i = 0; i < count; ++i)
+    if (data[i] != nullptr) Amend(attributes[i], data[i], pointer);
+  return result;
+}
+
+CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer) {
+  uint64_t run_base = 0, run_size = 0;
+  if (Active() && ImportedRun(pointer, &run_base, &run_size)) {
+    if (base != nullptr) *base = run_base;
+    if (size != nullptr) *size = run_size;
+    return CUDA_SUCCESS;
+  }
+  return VMMIPC_REAL(MemGetAddressRange, base, size, pointer);
+}
+
+}  // namespace vmmipc::core

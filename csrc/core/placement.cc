@@ -1,0 +1,101 @@
+// Import-zone reservation and chunk mapping through the real driver.
+#include "core/placement.h"
+
+#include "common/log.h"
+#include "config/params.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+namespace {
+
+// Tries one base. The address is only a hint to the driver (measured: an
+// occupied hint yields CUDA_SUCCESS elsewhere), so compare what came back.
+bool TryReserveAt(uint64_t want, uint64_t size) {
+  CUdeviceptr got = 0;
+  CUresult result = VMMIPC_REAL(MemAddressReserve, &got, size, 0, want, 0);
+  if (result != CUDA_SUCCESS) {
+    VMMIPC_LOG_WARN("import zone: reserving 0x{:x} bytes at 0x{:x} failed: {}", size, want,
+                    driver::ErrorName(result));
+    return false;
+  }
+  if (got == want) return true;
+  VMMIPC_LOG_WARN("import zone: 0x{:x} is taken (the driver offered 0x{:x})", want, got);
+  (void)VMMIPC_REAL(MemAddressFree, got, size);
+  return false;
+}
+
+}  // namespace
+
+void EnsureZoneLocked(ProcessState& state) {
+  if (state.zone_state != ZoneState::kUntried) return;
+  const config::Params& params = config::Get();
+  state::ZoneLayout zone;
+  zone.slots = static_cast<uint64_t>(params.zone_slots);
+  zone.slot_size = params.slot_size;
+  state.zone_state = ZoneState::kUnavailable;
+  for (uint64_t base : {params.zone_base, params.zone_fallback_base}) {
+    if (base == 0 || !TryReserveAt(base, zone.size())) continue;
+    zone.base = base;
+    state.zone = zone;
+    state.zone_state = ZoneState::kReserved;
+    VMMIPC_LOG_INFO("import zone at 0x{:x}: {} slots of 0x{:x} bytes", base, zone.slots,
+                    zone.slot_size);
+    return;
+  }
+  VMMIPC_LOG_WARN("no import zone (tried 0x{:x} and 0x{:x}): peer memory is placed best-effort, "
+                  "so peer addresses differ between runs (see docs/troubleshooting.md)",
+                  params.zone_base, params.zone_fallback_base);
+}
+
+CUresult ReserveAnywhere(uint64_t size, uint64_t* base) {
+  CUdeviceptr got = 0;
+  VMMIPC_CU_CHECK(MemAddressReserve, &got, size, 0, 0, 0);
+  *base = got;
+  return CUDA_SUCCESS;
+}
+
+void FreeReservation(uint64_t base, uint64_t size) {
+  CUresult result = VMMIPC_REAL(MemAddressFree, base, size);
+  if (result != CUDA_SUCCESS)
+    VMMIPC_LOG_WARN("cuMemAddressFree(0x{:x}, 0x{:x}) failed: {}", base, size,
+                    driver::ErrorName(result));
+}
+
+CUresult MapChunk(int fd, uint64_t target, uint64_t size) {
+  CUdevice device = 0;
+  VMMIPC_CU_CHECK(CtxGetDevice, &device);
+  CUmemGenericAllocationHandle handle = 0;
+  // The driver does not take the fd (measured); the caller closes it.
+  VMMIPC_CU_CHECK(MemImportFromShareableHandle, &handle,
+                  reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult result = VMMIPC_REAL(MemMap, target, size, 0, handle, 0);
+  // The mapping keeps the memory alive after the handle is released (measured).
+  (void)VMMIPC_REAL(MemRelease, handle);
+  if (result != CUDA_SUCCESS) {
+    VMMIPC_LOG_WARN("cuMemMap(0x{:x}, 0x{:x}) of an imported chunk failed: {}", target, size,
+                    driver::ErrorName(result));
+    return result;
+  }
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  result = VMMIPC_REAL(MemSetAccess, target, size, &access, 1);
+  if (result != CUDA_SUCCESS) {
+    VMMIPC_LOG_WARN("cuMemSetAccess(0x{:x}, 0x{:x}, device {}) failed: {}", target, size, device,
+                    driver::ErrorName(result));
+    (void)VMMIPC_REAL(MemUnmap, target, size);
+    return result;
+  }
+  return CUDA_SUCCESS;
+}
+
+void UnmapChunk(uint64_t target, uint64_t size) {
+  CUresult result = VMMIPC_REAL(MemUnmap, target, size);
+  if (result != CUDA_SUCCESS)
+    VMMIPC_LOG_WARN("cuMemUnmap(0x{:x}, 0x{:x}) failed: {}", target, size,
+                    driver::ErrorName(result));
+}
+
+}  // namespace vmmipc::core

@@ -1,0 +1,27 @@
+// Where imported chunks go: the import zone (one fixed-address reservation of
+// slots x slot size, made on the first import) or, when a chunk cannot be
+// placed deterministically, a private reservation anywhere.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "core/process_state.h"
+
+namespace vmmipc::core {
+
+// Reserves the zone on first use. Caller holds import_mutex. Never fails:
+// without a zone every import is placed best-effort (with one warning).
+void EnsureZoneLocked(ProcessState& state);
+
+// A reservation anywhere, for best-effort placement.
+CUresult ReserveAnywhere(uint64_t size, uint64_t* base);
+void FreeReservation(uint64_t base, uint64_t size);
+
+// Maps one imported chunk (from its fd) at `target` and opens it for the
+// current device. On failure nothing stays mapped.
+CUresult MapChunk(int fd, uint64_t target, uint64_t size);
+void UnmapChunk(uint64_t target, uint64_t size);
+
+}  // namespace vmmipc::core

@@ -1,0 +1,72 @@
+// Creation of the process state and its reset in forked children.
+#include "core/process_state.h"
+
+#include <pthread.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "common/log.h"
+#include "config/params.h"
+
+namespace vmmipc::core {
+namespace {
+
+std::atomic<ProcessState*> g_state{nullptr};
+std::mutex g_create_mutex;
+
+uint64_t NewToken() {
+  uint64_t token = 0;
+  // getrandom may be short or fail very early in boot; mix in time and pid then.
+  if (getrandom(&token, sizeof(token), GRND_NONBLOCK) != sizeof(token)) {
+    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) *
+                0x9E3779B97F4A7C15ull ^
+            static_cast<uint64_t>(getpid()) << 32;
+  }
+  return token == 0 ? 1 : token;
+}
+
+ProcessState* Create() {
+  const config::Params& params = config::Get();
+  log::SetLevel(params.log_level);
+  log::SetRank(static_cast<int>(params.rank));
+  auto* state = new ProcessState();  // never freed, on purpose
+  state->pid = static_cast<uint32_t>(getpid());
+  state->token = NewToken();
+  state->rank = static_cast<int32_t>(params.rank);
+  return state;
+}
+
+// In the child only one thread exists; the parent's listener thread, its
+// locks and its sockets are gone or shared with the parent. Start afresh and
+// leak the old state rather than touch locks that may be held.
+void AfterForkInChild() {
+  log::ResetAfterFork();
+  ProcessState* old = g_state.load(std::memory_order_relaxed);
+  if (old != nullptr && old->listener) {
+    old->listener->AbandonAfterFork();
+    (void)old->listener.release();
+  }
+  new (&g_create_mutex) std::mutex();
+  g_state.store(nullptr, std::memory_order_release);
+}
+
+}  // namespace
+
+ProcessState& State() {
+  ProcessState* state = g_state.load(std::memory_order_acquire);
+  if (state != nullptr) return *state;
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  state = g_state.load(std::memory_order_relaxed);
+  if (state == nullptr) {
+    static std::once_flag fork_handler_once;
+    std::call_once(fork_handler_once, [] { pthread_atfork(nullptr, nullptr, AfterForkInChild); });
+    state = Create();
+    g_state.store(state, std::memory_order_release);
+  }
+  return *state;
+}
+
+}  // namespace vmmipc::core

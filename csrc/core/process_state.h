@@ -1,0 +1,42 @@
+// ProcessState: everything vmmipc knows about this process, created on first
+// use (never at load time) and never destroyed (hooks can run during exit).
+// A forked child gets a fresh one: new token, no listener, no imports, since
+// the parent's threads, sockets and GPU mappings do not carry over.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "state/chunk_generations.h"
+#include "state/import_table.h"
+#include "state/import_zone.h"
+#include "transport/listener.h"
+
+namespace vmmipc::core {
+
+enum class ZoneState { kUntried, kReserved, kUnavailable };
+
+struct ProcessState {
+  uint32_t pid = 0;
+  uint64_t token = 0;      // never 0; proves a handle came from this process
+  int32_t rank = -1;       // this process's slot, -1 unranked
+
+  // Export side.
+  state::ChunkGenerations generations;
+  std::mutex export_mutex;  // guards the members below
+  std::unique_ptr<transport::Listener> listener;
+  void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
+  bool listener_failed = false;
+
+  // Import side.
+  std::mutex import_mutex;  // guards the members below
+  state::ImportTable imports;
+  state::ZoneLayout zone;
+  ZoneState zone_state = ZoneState::kUntried;
+};
+
+// The process's state; creates it (and registers the fork handler) on first call.
+ProcessState& State();
+
+}  // namespace vmmipc::core

@@ -1,0 +1,46 @@
+// VMM memory queries through the real driver table.
+#include "core/vmm_memory.h"
+
+#include "common/log.h"
+#include "core/process_state.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+
+CUresult DescribeChunk(uint64_t address, ChunkInfo* info) {
+  // cuMemRetainAllocationHandle is the driver's own test for "VMM memory":
+  // it fails on cuMemAlloc memory and on reserved-but-unmapped space (measured).
+  CUmemGenericAllocationHandle handle = 0;
+  if (VMMIPC_REAL(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(address)) !=
+      CUDA_SUCCESS)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUmemAllocationProp prop = {};
+  CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle);
+  info->generation = State().generations.GetOrAssign(handle);
+  // The retain took a reference; give it back whatever happens next.
+  (void)VMMIPC_REAL(MemRelease, handle);
+  info->posix_fd_exportable =
+      props == CUDA_SUCCESS &&
+      (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  // On VMM memory this is the one mapping (the chunk), not the reservation.
+  if (VMMIPC_REAL(MemGetAddressRange, &base, &size, address) != CUDA_SUCCESS || size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  info->base = base;
+  info->size = size;
+  return CUDA_SUCCESS;
+}
+
+CUresult RegionOf(uint64_t address, uint64_t* base, uint64_t* size) {
+  // On VMM memory the range attributes report the reservation (measured).
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  VMMIPC_CU_CHECK(PointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, address);
+  VMMIPC_CU_CHECK(PointerGetAttribute, &bytes, CU_POINTER_ATTRIBUTE_RANGE_SIZE, address);
+  *base = start;
+  *size = bytes;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vmmipc::core

@@ -1,0 +1,30 @@
+// Questions about this process's own VMM memory, answered by the real driver:
+// which chunk (one cuMemMap) holds an address, which region (reservation)
+// holds it, whether it can be exported as a POSIX fd, and the run of chunks
+// mapped back to back from it.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vmmipc::core {
+
+struct ChunkInfo {
+  uint64_t base = 0;         // the one mapping holding the address
+  uint64_t size = 0;
+  uint32_t generation = 0;
+  bool posix_fd_exportable = false;
+};
+
+// Describes the VMM chunk at `address`. Returns CUDA_ERROR_INVALID_VALUE,
+// without logging, when the address is not VMM memory (legacy memory,
+// unmapped, unknown): callers then keep the driver's own answer.
+CUresult DescribeChunk(uint64_t address, ChunkInfo* info);
+
+// The reservation holding `address`: [base, base + size).
+CUresult RegionOf(uint64_t address, uint64_t* base, uint64_t* size);
+
+}  // namespace vmmipc::core

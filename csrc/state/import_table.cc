@@ -1,0 +1,96 @@
+// Reference counting of imported chunks and open pointers.
+#include "state/import_table.h"
+
+namespace vmmipc::state {
+
+std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return std::nullopt;
+  OpenRecord& record = opens_.at(it->second);
+  ++record.opens;
+  return record.pointer;
+}
+
+ChunkProbe ImportTable::Probe(uint64_t target, uint64_t size, const ExporterId& exporter,
+                              uint64_t exporter_address, uint32_t generation) const {
+  // The first chunk starting at or after `target`, and the one before it.
+  auto next = chunks_.lower_bound(target);
+  if (next != chunks_.end() && next->first == target) {
+    const MappedChunk& c = next->second;
+    const bool same = c.size == size && c.exporter == exporter &&
+                      c.exporter_address == exporter_address && c.generation == generation;
+    return same ? ChunkProbe::kSame : ChunkProbe::kConflict;
+  }
+  if (next != chunks_.end() && next->first < target + size) return ChunkProbe::kConflict;
+  if (next != chunks_.begin()) {
+    const MappedChunk& prev = std::prev(next)->second;
+    if (prev.target + prev.size > target) return ChunkProbe::kConflict;
+  }
+  return ChunkProbe::kFree;
+}
+
+void ImportTable::AddChunk(const MappedChunk& chunk) {
+  MappedChunk copy = chunk;
+  copy.users = 0;
+  chunks_[chunk.target] = copy;
+}
+
+void ImportTable::AddOpen(OpenRecord record) {
+  for (uint64_t target : record.chunks) ++chunks_.at(target).users;
+  record.opens = 1;
+  by_key_[record.key] = record.pointer;
+  const uint64_t pointer = record.pointer;
+  opens_[pointer] = std::move(record);
+}
+
+CloseResult ImportTable::Close(uint64_t pointer) {
+  CloseResult result;
+  auto it = opens_.find(pointer);
+  if (it == opens_.end()) return result;
+  result.ours = true;
+  OpenRecord& record = it->second;
+  if (--record.opens > 0) return result;
+  result.last = true;
+  for (uint64_t target : record.chunks) {
+    auto chunk = chunks_.find(target);
+    if (chunk == chunks_.end()) continue;
+    if (--chunk->second.users == 0) {
+      result.to_unmap.push_back(chunk->second);
+      chunks_.erase(chunk);
+    }
+  }
+  result.free_reservation = record.private_reservation;
+  result.free_reservation_size = record.private_reservation_size;
+  by_key_.erase(record.key);
+  opens_.erase(it);
+  return result;
+}
+
+std::vector<MappedChunk> ImportTable::TakeUnused(const std::vector<uint64_t>& targets) {
+  std::vector<MappedChunk> unused;
+  for (uint64_t target : targets) {
+    auto chunk = chunks_.find(target);
+    if (chunk != chunks_.end() && chunk->second.users == 0) {
+      unused.push_back(chunk->second);
+      chunks_.erase(chunk);
+    }
+  }
+  return unused;
+}
+
+const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {
+  // Records are keyed by pointer, which lies inside their run; runs of
+  // different records may overlap (two handles into one span), any match
+  // answers the range question the same way only if runs coincide, so pick
+  // the record whose run starts last at or before the address.
+  const OpenRecord* best = nullptr;
+  for (const auto& [pointer, record] : opens_) {
+    if (address >= record.run_base && address - record.run_base < record.run_size &&
+        (best == nullptr || record.run_base > best->run_base))
+      best = &record;
+  }
+  return best;
+}
+
+}  // namespace vmmipc::state
+

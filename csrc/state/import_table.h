@@ -1,0 +1,97 @@
+// ImportTable: what this process has imported from its peers. Two tables:
+//  - chunks: every peer chunk mapped here, by importer address, with the
+//    number of open records that use it;
+//  - opens: every pointer cuIpcOpenMemHandle returned, with its open count
+//    and the chunks it holds.
+// Each open is matched by exactly one close, and the last close of the last
+// user of a chunk hands it back for unmapping (the seed design leaked here).
+// Pure bookkeeping: core does the driver calls. Not thread-safe: core locks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+namespace vmmipc::state {
+
+struct ExporterId {
+  uint32_t pid = 0;
+  uint64_t token = 0;
+  bool operator==(const ExporterId&) const = default;
+  auto operator<=>(const ExporterId&) const = default;
+};
+
+// A peer chunk mapped in this process.
+struct MappedChunk {
+  uint64_t target = 0;            // importer address
+  uint64_t size = 0;
+  ExporterId exporter;
+  uint64_t exporter_address = 0;  // the chunk's base in the exporter
+  uint32_t generation = 0;
+  uint32_t users = 0;             // open records holding it
+};
+
+// Identity of one handle: the same handle opened again is the same key.
+struct OpenKey {
+  ExporterId exporter;
+  uint64_t address = 0;
+  uint32_t generation = 0;
+  uint64_t region_base = 0;
+  uint32_t rank_slot = 0;
+  auto operator<=>(const OpenKey&) const = default;
+};
+
+struct OpenRecord {
+  uint64_t pointer = 0;             // what cuIpcOpenMemHandle returned
+  OpenKey key;
+  uint32_t opens = 0;               // outstanding opens of this pointer
+  std::vector<uint64_t> chunks;     // targets of the chunks it holds, ascending
+  uint64_t run_base = 0;            // importer range of the whole mapped run
+  uint64_t run_size = 0;
+  uint64_t private_reservation = 0; // best-effort placement: its own reservation
+  uint64_t private_reservation_size = 0;
+};
+
+enum class ChunkProbe {
+  kFree,      // nothing mapped over [target, target + size)
+  kSame,      // exactly this exporter chunk is already mapped there
+  kConflict,  // something else overlaps (another chunk, or a stale generation)
+};
+
+// What a close hands back to core for driver calls.
+struct CloseResult {
+  bool ours = false;                    // false: not opened by vmmipc, pass through
+  bool last = false;                    // the record is gone
+  std::vector<MappedChunk> to_unmap;    // chunks with no users left
+  uint64_t free_reservation = 0;        // a private reservation to free
+  uint64_t free_reservation_size = 0;
+};
+
+class ImportTable {
+ public:
+  // Opening the same handle again: bump and return its pointer.
+  std::optional<uint64_t> Reopen(const OpenKey& key);
+  ChunkProbe Probe(uint64_t target, uint64_t size, const ExporterId& exporter,
+                   uint64_t exporter_address, uint32_t generation) const;
+  // Records a newly mapped chunk with no users yet.
+  void AddChunk(const MappedChunk& chunk);
+  // Records an open whose chunks (all already added) it starts using.
+  void AddOpen(OpenRecord record);
+  // One close of `pointer`.
+  CloseResult Close(uint64_t pointer);
+  // Chunks with no users, as left by a failed open: removes and returns them.
+  std::vector<MappedChunk> TakeUnused(const std::vector<uint64_t>& targets);
+  // The open record whose run contains `address`, for the range queries.
+  const OpenRecord* FindByAddress(uint64_t address) const;
+
+  size_t chunk_count() const { return chunks_.size(); }
+  size_t open_count() const { return opens_.size(); }
+
+ private:
+  std::map<uint64_t, MappedChunk> chunks_;  // by target
+  std::map<uint64_t, OpenRecord> opens_;    // by pointer
+  std::map<OpenKey, uint64_t> by_key_;
+};
+
+}  // namespace vmmipc::state

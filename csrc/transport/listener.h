@@ -1,0 +1,69 @@
+// Listener: the exporter's side of the fd protocol. One per process, started
+// by core on the first VMM export (never at load), on its own thread, which
+// needs no CUDA context of its own (core's handler sets what it needs).
+// It accepts connections on this process's socket, checks the peer's uid
+// (SO_PEERCRED) and the request's MAC (proof the peer holds this process's
+// token), asks the handler for the chunks, and sends them back in batches with
+// their fds (SCM_RIGHTS), MAC'd so the client knows it talks to the real
+// exporter. Every socket wait is bounded by the timeout.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/chunk_grant.h"
+
+namespace vmmipc::transport {
+
+struct ServeRequest {
+  uint32_t peer_pid = 0;      // from SO_PEERCRED (in the listener's pid namespace)
+  uint32_t peer_uid = 0;
+  uint64_t address = 0;       // the exporter address the handle was made for
+  uint64_t chunk_base = 0;    // base of the chunk holding `address`, as get saw it
+  uint64_t generation = 0;    // that chunk's generation as get saw it
+};
+
+struct ServeReply {
+  RefuseReason refuse = RefuseReason::kNone;
+  std::string detail;                 // for the exporter's log line only; not sent
+  std::vector<ChunkGrant> chunks;     // from the chunk holding `address` to the end of the run
+};
+
+using ServeHandler = std::function<ServeReply(const ServeRequest&)>;
+
+struct ListenerOptions {
+  uint64_t token = 0;          // this process's secret; keys the MACs
+  uint32_t pid = 0;            // this process's pid as it appears in handles
+  std::string socket_dir;      // empty: abstract socket
+  int timeout_ms = 5000;       // per connection: receive, send
+};
+
+class Listener {
+ public:
+  // Binds the socket and starts the serving thread. Returns nullptr and fills
+  // `error` when the socket cannot be bound (the name is taken, no fds...).
+  static std::unique_ptr<Listener> Start(const ListenerOptions& options, ServeHandler handler,
+                                         std::string* error);
+  ~Listener();  // stops the thread and closes the socket
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // In a forked child: the thread does not exist there. Closes the socket fd
+  // and forgets the thread without joining it; the object may then be leaked.
+  void AbandonAfterFork() noexcept;
+
+  const std::string& address() const;  // for logs: "@vmmipc.<uid>.<pid>" or a path
+
+  struct Impl;
+
+ private:
+  explicit Listener(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vmmipc::transport

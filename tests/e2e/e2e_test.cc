@@ -1,0 +1,374 @@
+// End-to-end behaviour of libvmmipc.so: real processes (vmmipc_peer), real
+// sockets and fd passing, real fixed-address reservations. In CI the driver is
+// the simulated one (label sim); with VMMIPC_E2E_DRIVER=gpu the same tests run
+// on the real driver (label gpu) and skip without a GPU.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "peer_process.h"
+#include "state/handle_codec.h"
+
+namespace vmmipc::testing {
+namespace {
+
+constexpr uint64_t kChunk = 2ull << 20;
+constexpr uint64_t kZoneBase = 0x300000000000ull;
+constexpr uint64_t kFallbackBase = 0x600000000000ull;
+constexpr uint64_t kSlotSize = 1ull << 40;
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+uint64_t Num(const std::string& s) { return s.empty() ? 0 : std::stoull(s, nullptr, 0); }
+
+class EndToEnd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!DriverAvailable(&why)) GTEST_SKIP() << why;
+  }
+
+  // A started and initialised peer with the given rank ("" = unranked).
+  std::unique_ptr<PeerProcess> Peer(const std::string& rank,
+                                    std::map<std::string, std::string> env = {},
+                                    bool preload = true) {
+    env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
+    env.emplace("LOCAL_RANK", kUnset);
+    env.emplace("RANK", kUnset);
+    auto peer = PeerProcess::Start(env, preload);
+    EXPECT_NE(peer, nullptr);
+    EXPECT_EQ(peer->Call("init"), "ok");
+    return peer;
+  }
+
+  // Allocates `chunks` VMM chunks in exporter `p`, fills them with `seed`,
+  // returns the base.
+  uint64_t VmmBuffer(PeerProcess& p, const std::string& name, int chunks, int seed) {
+    uint64_t base = Num(Value(p.Call("alloc_vmm " + name + " " + Hex(kChunk) + " " +
+                                     std::to_string(chunks))));
+    EXPECT_NE(base, 0u);
+    EXPECT_EQ(p.Call("fill " + Hex(base) + " " + Hex(chunks * kChunk) + " " +
+                     std::to_string(seed)),
+              "ok");
+    return base;
+  }
+
+  static bool SimStats(PeerProcess& p, std::string* stats) {
+    *stats = p.Call("stats");
+    return stats->rfind("ok ", 0) == 0;
+  }
+};
+
+// --- every resolution path a real program uses --------------------------------------------
+
+class ResolutionPath : public EndToEnd, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ResolutionPath, ImporterReadsAndWritesExporterMemory) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  ASSERT_EQ(exporter->Call(std::string("resolve ") + GetParam()), "ok");
+  ASSERT_EQ(importer->Call(std::string("resolve ") + GetParam()), "ok");
+  uint64_t base = VmmBuffer(*exporter, "a", 2, 1);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  ASSERT_EQ(handle.size(), 128u);
+  EXPECT_EQ(handle.substr(0, 8), "564d4d32");  // "VMM2"
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(2 * kChunk) + " 1"), "ok");
+  EXPECT_EQ(importer->Call("fill " + Hex(ptr) + " " + Hex(2 * kChunk) + " 2"), "ok");
+  EXPECT_EQ(exporter->Call("check " + Hex(base) + " " + Hex(2 * kChunk) + " 2"), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, ResolutionPath,
+                         ::testing::Values("direct", "dlsym", "proc4010", "proc11000",
+                                           "proc12000", "self"));
+
+// --- contract -----------------------------------------------------------------------------
+
+TEST_F(EndToEnd, InteriorPointerMapsToTheEndOfTheRunAcrossChunks) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 4, 3);
+  const uint64_t interior = base + kChunk + 4096;
+  std::string handle = Value(exporter->Call("get " + Hex(interior)));
+  ASSERT_FALSE(handle.empty());
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  // Everything from the interior pointer to the end of chunk 3, across boundaries.
+  const uint64_t rest = 4 * kChunk - (kChunk + 4096);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(rest) + " 3 " + Hex(kChunk + 4096)),
+            "ok");
+  // The imported range starts at the chunk holding the pointer, like an allocation.
+  EXPECT_EQ(importer->Call("attr " + Hex(ptr) + " range"),
+            "ok " + Hex(ptr - 4096) + " " + Hex(3 * kChunk));
+  EXPECT_EQ(importer->Call("range " + Hex(ptr + kChunk)),
+            "ok " + Hex(ptr - 4096) + " " + Hex(3 * kChunk));
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+}
+
+TEST_F(EndToEnd, LegacyMemoryGoesToTheDriverUntouched) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = Num(Value(exporter->Call("alloc_legacy " + Hex(4 * kChunk))));
+  ASSERT_NE(base, 0u);
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(4 * kChunk) + " 4"), "ok");
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  ASSERT_EQ(handle.size(), 128u);
+  EXPECT_NE(handle.substr(0, 8), "564d4d32");
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(4 * kChunk) + " 4"), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  EXPECT_EQ(exporter->Call("attr " + Hex(base) + " ipc_capable"), "ok 1");
+}
+
+TEST_F(EndToEnd, OpenTwiceReturnsSamePointerAndEachOpenNeedsItsClose) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 5);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  std::string first = importer->Call("open " + handle);
+  ASSERT_EQ(first.rfind("ok ", 0), 0u) << first;
+  EXPECT_EQ(importer->Call("open " + handle), first);
+  EXPECT_EQ(importer->Call("close " + Value(first)), "ok");
+  // Still mapped after the first close.
+  EXPECT_EQ(importer->Call("check " + Value(first) + " " + Hex(kChunk) + " 5"), "ok");
+  EXPECT_EQ(importer->Call("close " + Value(first)), "ok");
+  EXPECT_EQ(importer->Call("close " + Value(first)).substr(0, 5), "err 1");
+}
+
+TEST_F(EndToEnd, OpeningInTheExportingProcessIsInvalidContext) {
+  auto exporter = Peer("0");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 6);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  EXPECT_EQ(exporter->Call("open " + handle).substr(0, 7), "err 201");
+}
+
+TEST_F(EndToEnd, FlagsOtherThanLazyEnablePeerAccessAreInvalidValue) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 7);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  EXPECT_EQ(importer->Call("open " + handle + " 0").substr(0, 6), "err 1 ");
+  EXPECT_EQ(importer->Call("open " + handle + " 3").substr(0, 6), "err 1 ");
+}
+
+TEST_F(EndToEnd, NOpensOfAnInteriorPointerThenNClosesLeaveNoMapping) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 2, 8);
+  std::string handle = Value(exporter->Call("get " + Hex(base + kChunk + 64)));
+  std::string before;
+  const bool sim = SimStats(*importer, &before);
+  std::string ptr;
+  for (int i = 0; i < 5; ++i) {
+    std::string answer = importer->Call("open " + handle);
+    ASSERT_EQ(answer.rfind("ok ", 0), 0u) << answer;
+    if (i == 0) ptr = Value(answer);
+    EXPECT_EQ(Value(answer), ptr);
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr).substr(0, 6), "err 1 ");
+  if (sim) {
+    std::string after;
+    ASSERT_TRUE(SimStats(*importer, &after));
+    // The zone reservation stays (it is made once); no chunk stays mapped.
+    EXPECT_NE(after.find("mappings=0 "), std::string::npos) << after;
+    EXPECT_NE(after.find("allocations=0 "), std::string::npos) << after;
+  }
+}
+
+TEST_F(EndToEnd, VmmMemoryIsReportedLegacyIpcCapable) {
+  auto exporter = Peer("0");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 9);
+  EXPECT_EQ(exporter->Call("attr " + Hex(base + 100) + " ipc_capable"), "ok 1");
+}
+
+TEST_F(EndToEnd, MemoryCreatedWithoutPosixFdIsSharedThanksToCuMemCreateHook) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = Num(Value(exporter->Call("alloc_vmm a " + Hex(kChunk) + " 1 0 noposix")));
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 10"), "ok");
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(kChunk) + " 10"), "ok");
+}
+
+TEST_F(EndToEnd, WithPosixFdForcingOffSuchMemoryIsRefusedClearly) {
+  auto exporter = Peer("0", {{"VMMIPC_FORCE_POSIX_FD", "0"}});
+  uint64_t base = Num(Value(exporter->Call("alloc_vmm a " + Hex(kChunk) + " 1 0 noposix")));
+  ASSERT_NE(base, 0u);
+  EXPECT_EQ(exporter->Call("get " + Hex(base)).substr(0, 6), "err 1 ");
+  EXPECT_EQ(exporter->Call("attr " + Hex(base) + " ipc_capable"), "ok 0");
+}
+
+// --- placement ----------------------------------------------------------------------------
+
+TEST_F(EndToEnd, PeerAddressesAreIdenticalInTwoFreshRuns) {
+  uint64_t seen[2] = {0, 0};
+  for (int run = 0; run < 2; ++run) {
+    auto exporter = Peer("2");
+    auto importer = Peer("1");
+    uint64_t base = VmmBuffer(*exporter, "a", 3, 11);
+    // Some unrelated allocation first in the importer must not matter.
+    ASSERT_NE(Num(Value(importer->Call("alloc_vmm noise " + Hex(kChunk) + " " +
+                                       std::to_string(run + 1)))),
+              0u);
+    std::string handle = Value(exporter->Call("get " + Hex(base + kChunk)));
+    seen[run] = Num(Value(importer->Call("open " + handle)));
+    ASSERT_NE(seen[run], 0u);
+    EXPECT_EQ(importer->Call("check " + Hex(seen[run]) + " " + Hex(2 * kChunk) + " 11 " +
+                             Hex(kChunk)),
+              "ok");
+  }
+  EXPECT_EQ(seen[0], seen[1]);
+  // zone + slot * stride + (X - region base): rank 2, X one chunk into its reservation.
+  EXPECT_EQ(seen[0], kZoneBase + 2 * kSlotSize + kChunk);
+}
+
+TEST_F(EndToEnd, TakenZoneBaseFallsBackThenPlacesBestEffort) {
+  auto exporter = Peer("0");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 12);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+
+  auto fallback = Peer("1");
+  ASSERT_EQ(fallback->Call("occupy " + Hex(kZoneBase + kSlotSize) + " " + Hex(kChunk)), "ok");
+  EXPECT_EQ(fallback->Call("open " + handle), "ok " + Hex(kFallbackBase));
+
+  auto neither = Peer("1");
+  ASSERT_EQ(neither->Call("occupy " + Hex(kZoneBase) + " " + Hex(kChunk)), "ok");
+  ASSERT_EQ(neither->Call("occupy " + Hex(kFallbackBase + 3 * kSlotSize) + " " + Hex(kChunk)),
+            "ok");
+  uint64_t ptr = Num(Value(neither->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_TRUE(ptr < kZoneBase || ptr >= kFallbackBase + 8 * kSlotSize) << Hex(ptr);
+  EXPECT_EQ(neither->Call("check " + Hex(ptr) + " " + Hex(kChunk) + " 12"), "ok");
+  EXPECT_EQ(neither->Call("close " + Hex(ptr)), "ok");
+}
+
+TEST_F(EndToEnd, UnrankedExporterIsPlacedBestEffortAndStillCorrect) {
+  auto exporter = Peer("");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 2, 13);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  EXPECT_EQ(handle.substr(12, 4), "ffff");  // rank slot: unranked
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_FALSE(ptr >= kZoneBase && ptr < kZoneBase + 8 * kSlotSize);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(2 * kChunk) + " 13"), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+}
+
+TEST_F(EndToEnd, RankFromLocalRankWhenVmmipcRankIsUnset) {
+  auto exporter = Peer("", {{"LOCAL_RANK", "3"}});
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 14);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  EXPECT_EQ(importer->Call("open " + handle), "ok " + Hex(kZoneBase + 3 * kSlotSize));
+}
+
+TEST_F(EndToEnd, RecreatedMemoryIsNeverAliasedWithAStaleImport) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base1 = VmmBuffer(*exporter, "a", 1, 15);
+  std::string h1 = Value(exporter->Call("get " + Hex(base1)));
+  uint64_t p1 = Num(Value(importer->Call("open " + h1)));
+  ASSERT_NE(p1, 0u);
+  ASSERT_EQ(exporter->Call("free_vmm a"), "ok");
+  uint64_t base2 = VmmBuffer(*exporter, "b", 1, 16);
+  std::string h2 = Value(exporter->Call("get " + Hex(base2)));
+  uint64_t p2 = Num(Value(importer->Call("open " + h2)));
+  ASSERT_NE(p2, 0u);
+  EXPECT_NE(p1, p2);
+  EXPECT_EQ(importer->Call("check " + Hex(p2) + " " + Hex(kChunk) + " 16"), "ok");
+  EXPECT_EQ(importer->Call("check " + Hex(p1) + " " + Hex(kChunk) + " 15"), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(p1)), "ok");
+  // The first handle's memory is gone in the exporter: a fresh open is refused.
+  EXPECT_EQ(importer->Call("open " + h1).substr(0, 7), "err 400");
+  EXPECT_EQ(importer->Call("close " + Hex(p2)), "ok");
+}
+
+// --- bad input and faults -----------------------------------------------------------------
+
+TEST_F(EndToEnd, DeadExporterFailsFastWithInvalidHandle) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 17);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  exporter->Kill();
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(importer->Call("open " + handle).substr(0, 7), "err 400");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(importer->Call("pid").substr(0, 3), "ok ");
+}
+
+TEST_F(EndToEnd, GarbageAndCorruptedHandlesAreRefusedWithoutHarm) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 20; ++i) {
+    char hex[129];
+    for (int j = 0; j < 64; ++j) std::snprintf(hex + 2 * j, 3, "%02x", int(rng() & 0xFF));
+    EXPECT_EQ(importer->Call(std::string("open ") + hex).substr(0, 4), "err ");
+  }
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 18);
+  std::string handle = Value(exporter->Call("get " + Hex(base)));
+  for (size_t byte : {5u, 12u, 20u, 30u, 45u, 61u}) {
+    std::string bad = handle;
+    bad[2 * byte] = bad[2 * byte] == '0' ? '1' : '0';
+    EXPECT_EQ(importer->Call("open " + bad).substr(0, 4), "err ") << "byte " << byte;
+  }
+  std::string fds;
+  EXPECT_EQ(importer->Call("pid").substr(0, 3), "ok ");
+}
+
+TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
+  auto exporter = Peer("0");
+  auto importer = Peer("1");
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 19);
+  std::string hex = Value(exporter->Call("get " + Hex(base)));
+  unsigned char bytes[64];
+  for (int i = 0; i < 64; ++i) bytes[i] = std::stoul(hex.substr(2 * i, 2), nullptr, 16);
+  state::Vmm2Handle h;
+  ASSERT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk);
+  h.version = 2;
+  state::EncodeHandle(h, bytes);
+  std::string future;
+  for (unsigned char b : bytes) {
+    char two[3];
+    std::snprintf(two, 3, "%02x", b);
+    future += two;
+  }
+  EXPECT_EQ(importer->Call("open " + future).substr(0, 7), "err 801");
+}
+
+// --- interposition ------------------------------------------------------------------------
+
+TEST_F(EndToEnd, DlsymRtldNextKeepsTheCallersSemantics) {
+  auto peer = Peer("0");
+  EXPECT_EQ(peer->Call("rtld_next"), "ok");
+}
+
+TEST_F(EndToEnd, DisabledLibraryIsAPurePassThrough) {
+  auto exporter = Peer("0", {{"VMMIPC_ENABLE", "0"}});
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 20);
+  EXPECT_EQ(exporter->Call("get " + Hex(base)).substr(0, 6), "err 1 ");
+  EXPECT_EQ(exporter->Call("attr " + Hex(base) + " ipc_capable"), "ok 0");
+}
+
+TEST_F(EndToEnd, WithoutThePreloadVmmMemoryCannotBeSharedAsMeasured) {
+  auto exporter = Peer("0", {}, /*preload=*/false);
+  uint64_t base = VmmBuffer(*exporter, "a", 1, 21);
+  EXPECT_EQ(exporter->Call("get " + Hex(base)).substr(0, 6), "err 1 ");
+}
+
+}  // namespace
+}  // namespace vmmipc::testing
