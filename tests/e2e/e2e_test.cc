@@ -1,6 +1,6 @@
 // End-to-end behaviour of libvmmipc.so: real processes (vmmipc_peer), real
 // sockets and fd passing, real fixed-address reservations. In CI the driver is
-// the simulated one (label sim); with VMMIPC_E2E_DRIVER=gpu the same tests run
+// the simulated one (label sim); with E2E_DRIVER=gpu the same tests run
 // on the real driver (label gpu) and skip without a GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>

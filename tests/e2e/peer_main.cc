@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "sim_introspect.h"
+#include "state/handle_codec.h"
 
 namespace {
 
@@ -278,6 +279,23 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return got == want ? "ok" : "err mmap";
   }
   if (cmd == "stats") return Stats();
+  if (cmd == "decode") {  // hex: the VMM2 fields, for the demo
+    CUipcMemHandle raw = {};
+    if (!HexToHandle(a.at(1), &raw)) return "err bad hex";
+    vmmipc::state::Vmm2Handle h;
+    auto status =
+        vmmipc::state::DecodeHandle(reinterpret_cast<const unsigned char*>(raw.reserved), &h);
+    if (status != vmmipc::state::DecodeStatus::kOk)
+      return std::string("err ") + vmmipc::state::DecodeStatusName(status);
+    std::ostringstream out;
+    out << "ok version=" << int(h.version) << " rank_slot="
+        << (h.rank_slot == vmmipc::state::kUnranked ? std::string("unranked")
+                                                     : std::to_string(h.rank_slot))
+        << " pid=" << h.pid << " generation=" << h.generation << " address=" << Hex(h.address)
+        << " chunk=" << Hex(h.chunk_base) << "+" << Hex(h.chunk_size)
+        << " region_base=" << Hex(h.region_base);
+    return out.str();
+  }
   if (cmd == "fds") return "ok " + std::to_string(CountFds());
   if (cmd == "rtld_next") {  // dlsym(RTLD_NEXT) from this program must see the preload first
     void* next = dlsym(RTLD_NEXT, "cuIpcGetMemHandle");

@@ -17,7 +17,7 @@ extern char** environ;
 namespace vmmipc::testing {
 
 DriverKind DriverUnderTest() {
-  const char* kind = std::getenv("VMMIPC_E2E_DRIVER");
+  const char* kind = std::getenv("E2E_DRIVER");
   return kind != nullptr && std::strcmp(kind, "gpu") == 0 ? DriverKind::kReal
                                                           : DriverKind::kSimulated;
 }

@@ -1,0 +1,194 @@
+// Encoding, decoding and MACs of the protocol records. Every byte of every
+// record is written explicitly (no struct memcpy), so layouts do not depend on
+// the compiler's padding and no uninitialised byte ever leaves the process.
+#include "transport/wire.h"
+
+#include <algorithm>
+
+namespace vmmipc::transport::wire {
+namespace {
+
+// Domain tags: a request MAC can never be replayed as a reply MAC.
+constexpr uint8_t kRequestTag[4] = {'r', 'e', 'q', 0};
+constexpr uint8_t kReplyTag[4] = {'r', 'e', 'p', 0};
+
+void Put16(uint8_t* p, uint16_t v) {
+  for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint16_t Get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t Get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Request MAC: SipHash(key, "req\0" || request bytes [0, 56)).
+uint64_t RequestMac(const SipKey& key, std::span<const uint8_t> message) {
+  SipHasher hasher(key);
+  hasher.Update(kRequestTag);
+  hasher.Update(message.first(kRequestSize - 8));
+  return hasher.Final();
+}
+
+// Reply MAC: SipHash(key, "rep\0" || client nonce || header [0, 24) || entries).
+// The nonce binds every batch to this one request: a recorded reply is useless.
+uint64_t ReplyMac(const SipKey& key, const Nonce& nonce, std::span<const uint8_t> message) {
+  SipHasher hasher(key);
+  hasher.Update(kReplyTag);
+  hasher.Update(nonce);
+  hasher.Update(message.first(kReplyHeaderSize - 8));
+  hasher.Update(message.subspan(kReplyHeaderSize));
+  return hasher.Final();
+}
+
+// Compares two MACs without an early exit, so that timing does not reveal how
+// many leading bytes of a forged MAC were right.
+bool MacEqual(uint64_t a, uint64_t b) {
+  volatile uint64_t diff = a ^ b;
+  return diff == 0;
+}
+
+}  // namespace
+
+SipKey DeriveKey(uint64_t token, uint32_t pid) { return SipKey{token, static_cast<uint64_t>(pid)}; }
+
+const char* WireErrorName(WireError error) {
+  switch (error) {
+    case WireError::kOk: return "ok";
+    case WireError::kTooShort: return "too short";
+    case WireError::kBadMagic: return "bad magic";
+    case WireError::kBadVersion: return "unknown version";
+    case WireError::kBadLength: return "bad length";
+    case WireError::kBadReserved: return "reserved field not zero";
+    case WireError::kBadLayout: return "inconsistent fields";
+    case WireError::kBadMac: return "MAC does not verify";
+  }
+  return "unknown wire error";
+}
+
+std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const SipKey& key) {
+  std::array<uint8_t, kRequestSize> out{};
+  uint8_t* p = out.data();
+  Put32(p + 0, kRequestMagic);
+  Put16(p + 4, kVersion);
+  Put16(p + 6, 0);  // flags
+  Put32(p + 8, request.exporter_pid);
+  Put32(p + 12, 0);  // reserved
+  std::copy(request.nonce.begin(), request.nonce.end(), p + 16);
+  Put64(p + 32, request.address);
+  Put64(p + 40, request.chunk_base);
+  Put64(p + 48, request.generation);
+  Put64(p + 56, RequestMac(key, out));
+  return out;
+}
+
+WireError ParseRequestPreamble(std::span<const uint8_t> message, RequestPreamble* out) {
+  if (message.size() < kRequestPreambleSize) return WireError::kTooShort;
+  const uint8_t* p = message.data();
+  if (Get32(p) != kRequestMagic) return WireError::kBadMagic;
+  out->version = Get16(p + 4);
+  out->exporter_pid = Get32(p + 8);
+  std::copy(p + 16, p + 32, out->nonce.begin());
+  return WireError::kOk;
+}
+
+WireError ParseRequest(std::span<const uint8_t> message, const SipKey& key, Request* out) {
+  RequestPreamble preamble;
+  if (WireError e = ParseRequestPreamble(message, &preamble); e != WireError::kOk) return e;
+  if (preamble.version != kVersion) return WireError::kBadVersion;
+  if (message.size() != kRequestSize) return WireError::kBadLength;
+  const uint8_t* p = message.data();
+  if (Get16(p + 6) != 0 || Get32(p + 12) != 0) return WireError::kBadReserved;
+  if (!MacEqual(RequestMac(key, message), Get64(p + 56))) return WireError::kBadMac;
+  out->exporter_pid = preamble.exporter_pid;
+  out->nonce = preamble.nonce;
+  out->address = Get64(p + 32);
+  out->chunk_base = Get64(p + 40);
+  out->generation = Get64(p + 48);
+  return WireError::kOk;
+}
+
+uint32_t BatchCount(uint32_t total_chunks) {
+  if (total_chunks == 0) return 1;
+  return static_cast<uint32_t>((total_chunks + kMaxChunksPerBatch - 1) / kMaxChunksPerBatch);
+}
+
+std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
+                                 std::span<const ReplyEntry> entries) {
+  std::vector<uint8_t> out(kReplyHeaderSize + entries.size() * kReplyEntrySize, 0);
+  uint8_t* p = out.data();
+  Put32(p + 0, kReplyMagic);
+  Put16(p + 4, kVersion);
+  Put16(p + 6, header.status);
+  Put32(p + 8, header.total_chunks);
+  Put32(p + 12, header.batch_index);
+  Put32(p + 16, header.batch_count);
+  Put32(p + 20, static_cast<uint32_t>(entries.size()));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    uint8_t* e = p + kReplyHeaderSize + i * kReplyEntrySize;
+    Put64(e + 0, entries[i].address);
+    Put64(e + 8, entries[i].size);
+    Put64(e + 16, entries[i].generation);
+  }
+  Put64(p + 24, ReplyMac(key, nonce, out));
+  return out;
+}
+
+WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries) {
+  if (message.size() < kReplyHeaderSize) return WireError::kTooShort;
+  const uint8_t* p = message.data();
+  if (Get32(p) != kReplyMagic) return WireError::kBadMagic;
+  ReplyHeader h;
+  h.version = Get16(p + 4);
+  if (h.version != kVersion) return WireError::kBadVersion;
+  h.status = Get16(p + 6);
+  h.total_chunks = Get32(p + 8);
+  h.batch_index = Get32(p + 12);
+  h.batch_count = Get32(p + 16);
+  h.entry_count = Get32(p + 20);
+  *header = h;
+  // The MAC first: a record that does not verify says nothing trustworthy,
+  // whatever its layout.
+  if (!MacEqual(ReplyMac(key, nonce, message), Get64(p + 24))) return WireError::kBadMac;
+  if (h.entry_count > kMaxChunksPerBatch ||
+      message.size() != kReplyHeaderSize + size_t{h.entry_count} * kReplyEntrySize) {
+    return WireError::kBadLength;
+  }
+  if (h.status != 0) {
+    if (h.total_chunks != 0 || h.batch_index != 0 || h.batch_count != 1 || h.entry_count != 0) {
+      return WireError::kBadLayout;
+    }
+  } else {
+    if (h.total_chunks == 0 || h.total_chunks > kMaxTotalChunks) return WireError::kBadLayout;
+    if (h.batch_count != BatchCount(h.total_chunks) || h.batch_index >= h.batch_count) {
+      return WireError::kBadLayout;
+    }
+    const uint64_t before = uint64_t{h.batch_index} * kMaxChunksPerBatch;
+    const uint64_t expected = std::min<uint64_t>(kMaxChunksPerBatch, h.total_chunks - before);
+    if (h.entry_count != expected) return WireError::kBadLayout;
+  }
+  std::vector<ReplyEntry> parsed(h.entry_count);
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const uint8_t* e = p + kReplyHeaderSize + i * kReplyEntrySize;
+    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), Get64(e + 16)};
+    if (parsed[i].size == 0 || parsed[i].address + parsed[i].size < parsed[i].address) {
+      return WireError::kBadLayout;  // empty, or wraps around the address space
+    }
+  }
+  *entries = std::move(parsed);
+  return WireError::kOk;
+}
+
+}  // namespace vmmipc::transport::wire

@@ -1,0 +1,98 @@
+// The protocol records (docs/protocol.md): fixed little-endian layouts for the
+// request and the reply batches, their MACs, and the checks that reject every
+// malformed record. Pure bytes in, bytes out: no sockets, no fds.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "transport/siphash.h"
+
+namespace vmmipc::transport::wire {
+
+inline constexpr uint16_t kVersion = 1;
+inline constexpr uint32_t kRequestMagic = 0x51524d56;  // bytes "VMRQ"
+inline constexpr uint32_t kReplyMagic = 0x50524d56;    // bytes "VMRP"
+
+// The request's first 32 bytes (magic, version, flags, pid, reserved, nonce)
+// keep their layout in every version, so that a server can answer a request
+// of a version it does not know with a MAC'd kBadRequest.
+inline constexpr size_t kRequestPreambleSize = 32;
+inline constexpr size_t kRequestSize = 64;
+inline constexpr size_t kReplyHeaderSize = 32;
+inline constexpr size_t kReplyEntrySize = 24;
+// The kernel's SCM_MAX_FD: the most fds one sendmsg may carry.
+inline constexpr size_t kMaxChunksPerBatch = 253;
+// Bound on one span, so that a reply cannot ask the client to hold an
+// unbounded number of fds and entries.
+inline constexpr uint32_t kMaxTotalChunks = 1u << 20;
+inline constexpr size_t kMaxReplySize = kReplyHeaderSize + kMaxChunksPerBatch * kReplyEntrySize;
+
+using Nonce = std::array<uint8_t, 16>;
+
+// The MAC key: k0 = the exporter's token, k1 = its pid (zero-extended).
+SipKey DeriveKey(uint64_t token, uint32_t pid);
+
+enum class WireError {
+  kOk = 0,
+  kTooShort,     // shorter than the fixed part
+  kBadMagic,     // not a vmmipc record
+  kBadVersion,   // a version this side does not speak
+  kBadLength,    // length does not match the layout
+  kBadReserved,  // a reserved or flags field is not zero
+  kBadLayout,    // fields inconsistent with each other (counts, sizes)
+  kBadMac,       // the MAC does not verify under this key
+};
+const char* WireErrorName(WireError error);
+
+struct RequestPreamble {
+  uint16_t version = 0;
+  uint32_t exporter_pid = 0;
+  Nonce nonce{};
+};
+
+struct Request {
+  uint32_t exporter_pid = 0;
+  Nonce nonce{};
+  uint64_t address = 0;
+  uint64_t chunk_base = 0;
+  uint64_t generation = 0;
+};
+
+std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const SipKey& key);
+// Only magic and size: enough to learn the nonce (and version) of any request.
+WireError ParseRequestPreamble(std::span<const uint8_t> message, RequestPreamble* out);
+// Everything, MAC last. `out` is filled only on kOk.
+WireError ParseRequest(std::span<const uint8_t> message, const SipKey& key, Request* out);
+
+struct ReplyHeader {
+  uint16_t version = 0;
+  uint16_t status = 0;  // RefuseReason; 0 (kNone) means chunks follow
+  uint32_t total_chunks = 0;
+  uint32_t batch_index = 0;
+  uint32_t batch_count = 0;
+  uint32_t entry_count = 0;
+};
+
+struct ReplyEntry {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t generation = 0;
+};
+
+// Number of messages a reply of `total_chunks` chunks takes (1 for a refusal).
+uint32_t BatchCount(uint32_t total_chunks);
+
+// One reply message. For a refusal pass status != 0, total 0, batch 0 of 1, no entries.
+std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
+                                 std::span<const ReplyEntry> entries);
+// Checks in this order: size, magic, version (header filled from here on),
+// MAC, then length and layout; entries filled only on kOk. On kBadMac the
+// header is still filled, so that the caller can see what the record claims.
+WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries);
+
+}  // namespace vmmipc::transport::wire

@@ -1,0 +1,42 @@
+// Simulated CUDA driver: introspection and fault injection for tests.
+//
+// Exported C functions of the simulator's libcuda.so.1 (tests/sim_driver). They do not exist in the
+// real driver: a test that may also run against a real GPU looks them up with dlsym and skips the
+// check when they are absent.
+#ifndef VMMIPC_TESTS_SIM_DRIVER_SIM_INTROSPECT_H_
+#define VMMIPC_TESTS_SIM_DRIVER_SIM_INTROSPECT_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What the simulated driver holds in this process right now.
+struct SimCudaStats {
+  uint64_t live_allocations;    // cuMemCreate and imported handles alive (referenced or mapped)
+  uint64_t mappings;            // cuMemMap ranges not yet unmapped
+  uint64_t reservations;        // cuMemAddressReserve ranges not yet freed
+  uint64_t legacy_allocations;  // cuMemAlloc allocations not yet freed
+  uint64_t legacy_imports;      // distinct cuIpcOpenMemHandle mappings not yet closed
+  uint64_t open_fds;            // file descriptors the simulator itself holds
+};
+
+// Fills *stats. Returns 0, or -1 if stats is null. Works before cuInit.
+int simcuda_get_stats(struct SimCudaStats* stats);
+
+// Makes the nth next call (1 = the very next) of the driver function `name` return `code` without
+// doing anything. `name` is the base name ("cuMemMap", "cuIpcOpenMemHandle": both spellings of a
+// versioned function count). nth == 0 removes the pending fault for `name`. Returns 0, or -1 on a
+// bad argument. The same can be set for a whole process with the environment variable
+// SIMCUDA_FAIL="name:nth:code[,name:nth:code...]", read by cuInit.
+int simcuda_inject_failure(const char* name, unsigned int nth, int code);
+
+// Removes every pending injected fault.
+void simcuda_clear_failures(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // VMMIPC_TESTS_SIM_DRIVER_SIM_INTROSPECT_H_

@@ -1,0 +1,109 @@
+// Reference counting of imports: every open matched by one close, shared
+// chunks freed by their last user, stale or overlapping chunks detected.
+#include "state/import_table.h"
+
+#include <gtest/gtest.h>
+
+#include "state/chunk_generations.h"
+
+namespace vmmipc::state {
+namespace {
+
+constexpr uint64_t kChunk = 2 << 20;
+const ExporterId kPeer{100, 0xABCDEF};
+
+MappedChunk Chunk(uint64_t target, uint64_t exporter_address, uint32_t generation = 1) {
+  return MappedChunk{target, kChunk, kPeer, exporter_address, generation, 0};
+}
+
+OpenRecord Open(uint64_t pointer, uint64_t address, std::vector<uint64_t> chunks) {
+  OpenRecord r;
+  r.pointer = pointer;
+  r.key = OpenKey{kPeer, address, 1, 0, 0};
+  r.chunks = chunks;
+  r.run_base = chunks.front();
+  r.run_size = chunks.size() * kChunk;
+  return r;
+}
+
+TEST(ImportTable, NOpensOfOnePointerNeedNClosesAndTheLastFreesEverything) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  t.AddOpen(Open(0x1000040, 0x7000040, {0x1000000}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.Reopen(OpenKey{kPeer, 0x7000040, 1, 0, 0}), 0x1000040u);
+  for (int i = 0; i < 4; ++i) {
+    CloseResult r = t.Close(0x1000040);
+    EXPECT_TRUE(r.ours);
+    EXPECT_FALSE(r.last);
+    EXPECT_TRUE(r.to_unmap.empty());
+  }
+  CloseResult last = t.Close(0x1000040);
+  EXPECT_TRUE(last.last);
+  ASSERT_EQ(last.to_unmap.size(), 1u);
+  EXPECT_EQ(last.to_unmap[0].target, 0x1000000u);
+  EXPECT_EQ(t.chunk_count(), 0u);
+  EXPECT_EQ(t.open_count(), 0u);
+  EXPECT_FALSE(t.Close(0x1000040).ours);  // one close too many: not ours any more
+}
+
+TEST(ImportTable, ChunksSharedByTwoOpensAreFreedByTheLastUser) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  t.AddChunk(Chunk(0x1200000, 0x7200000));
+  t.AddOpen(Open(0x1000000, 0x7000000, {0x1000000, 0x1200000}));
+  t.AddOpen(Open(0x1200100, 0x7200100, {0x1200000}));
+  CloseResult first = t.Close(0x1000000);
+  ASSERT_EQ(first.to_unmap.size(), 1u);  // chunk 0 only; chunk 1 still used
+  EXPECT_EQ(first.to_unmap[0].target, 0x1000000u);
+  CloseResult second = t.Close(0x1200100);
+  ASSERT_EQ(second.to_unmap.size(), 1u);
+  EXPECT_EQ(second.to_unmap[0].target, 0x1200000u);
+}
+
+TEST(ImportTable, ProbeTellsSameFreeAndConflict) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000, 5));
+  EXPECT_EQ(t.Probe(0x1000000, kChunk, kPeer, 0x7000000, 5), ChunkProbe::kSame);
+  EXPECT_EQ(t.Probe(0x1000000, kChunk, kPeer, 0x7000000, 6), ChunkProbe::kConflict);  // stale
+  EXPECT_EQ(t.Probe(0x1000000, kChunk, ExporterId{101, 1}, 0x7000000, 5),
+            ChunkProbe::kConflict);
+  EXPECT_EQ(t.Probe(0x1000000, kChunk * 2, kPeer, 0x7000000, 5), ChunkProbe::kConflict);
+  EXPECT_EQ(t.Probe(0x0F00000, kChunk, kPeer, 0x6F00000, 5), ChunkProbe::kConflict);  // overlaps
+  EXPECT_EQ(t.Probe(0x1100000, kChunk, kPeer, 0x7100000, 5), ChunkProbe::kConflict);  // inside
+  EXPECT_EQ(t.Probe(0x1200000, kChunk, kPeer, 0x7200000, 5), ChunkProbe::kFree);
+  EXPECT_EQ(t.Probe(0x0E00000, kChunk, kPeer, 0x6E00000, 5), ChunkProbe::kFree);
+}
+
+TEST(ImportTable, UnusedChunksOfAFailedOpenCanBeTakenBack) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  EXPECT_EQ(t.TakeUnused({0x1000000, 0x5000000}).size(), 1u);
+  EXPECT_EQ(t.chunk_count(), 0u);
+}
+
+TEST(ImportTable, FindByAddressAnswersForTheRun) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  t.AddChunk(Chunk(0x1200000, 0x7200000));
+  t.AddOpen(Open(0x1000010, 0x7000010, {0x1000000, 0x1200000}));
+  ASSERT_NE(t.FindByAddress(0x13FFFFF), nullptr);
+  EXPECT_EQ(t.FindByAddress(0x13FFFFF)->run_base, 0x1000000u);
+  EXPECT_EQ(t.FindByAddress(0x1400000), nullptr);
+  EXPECT_EQ(t.FindByAddress(0x0FFFFFF), nullptr);
+}
+
+TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
+  ChunkGenerations g;
+  uint32_t first = g.OnCreate(0x10);
+  EXPECT_EQ(g.GetOrAssign(0x10), first);
+  uint32_t second = g.OnCreate(0x10);  // the driver reused the handle value
+  EXPECT_NE(first, second);
+  g.OnRelease(0x10);
+  uint32_t third = g.GetOrAssign(0x10);  // released but still mapped: a stable new one
+  EXPECT_NE(third, second);
+  EXPECT_EQ(g.GetOrAssign(0x10), third);
+  EXPECT_NE(third, 0u);
+}
+
+}  // namespace
+}  // namespace vmmipc::state

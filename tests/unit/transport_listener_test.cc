@@ -1,0 +1,829 @@
+// The protocol end to end over real sockets: a Listener on its thread and
+// FetchChunks in the same process (or a forked child), plus scripted fake
+// servers for squatters and broken exporters. Every error case checks that no
+// fd leaked, by counting /proc/self/fd.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "transport/fd_channel.h"
+#include "transport/listener.h"
+#include "transport/peer_client.h"
+#include "transport/socket_address.h"
+#include "transport/wire.h"
+
+namespace vmmipc::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kToken = 0x5eed5eed12345678ULL;
+constexpr uint64_t kBase = 0x7f1200000000ULL;
+constexpr uint64_t kChunk = 4096;
+
+int FdCount() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int count = 0;
+  while (readdir(dir) != nullptr) ++count;
+  closedir(dir);
+  return count;
+}
+
+long ElapsedMs(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// Pids for names, above the kernel's pid_max (4194304) so they never collide
+// with a real process's listener, and distinct per test and per test process.
+uint32_t FakePid() {
+  static std::atomic<uint32_t> counter{0};
+  return 0x10000000u + (static_cast<uint32_t>(getpid()) << 6) + (counter++ & 63u);
+}
+
+ScopedFd Memfd(uint32_t tag) {
+  ScopedFd fd(memfd_create("transport-listener-test", MFD_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(ftruncate(fd.get(), kChunk), 0);
+  EXPECT_EQ(pwrite(fd.get(), &tag, sizeof(tag), 0), static_cast<ssize_t>(sizeof(tag)));
+  return fd;
+}
+
+uint32_t TagOf(int fd) {
+  uint32_t tag = 0;
+  EXPECT_EQ(pread(fd, &tag, sizeof(tag), 0), static_cast<ssize_t>(sizeof(tag)));
+  return tag;
+}
+
+// A handler granting `count` memfd chunks from kBase, in shuffled order; chunk
+// i holds the tag 1000 + i.
+ServeHandler ChunksHandler(size_t count, std::atomic<int>* calls = nullptr) {
+  return [count, calls](const ServeRequest&) {
+    if (calls != nullptr) ++*calls;
+    ServeReply reply;
+    for (size_t i = 0; i < count; ++i) {
+      ChunkGrant g;
+      g.address = kBase + i * kChunk;
+      g.size = kChunk;
+      g.generation = 7;
+      g.fd = Memfd(static_cast<uint32_t>(1000 + i));
+      reply.chunks.push_back(std::move(g));
+    }
+    std::shuffle(reply.chunks.begin(), reply.chunks.end(), std::mt19937(42));
+    return reply;
+  };
+}
+
+ListenerOptions Options(uint32_t pid, int timeout_ms = 200, std::string dir = "") {
+  ListenerOptions o;
+  o.token = kToken;
+  o.pid = pid;
+  o.socket_dir = std::move(dir);
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+FetchRequest Request(uint32_t pid, uint64_t token = kToken) {
+  FetchRequest r;
+  r.exporter_pid = pid;
+  r.token = token;
+  r.address = kBase + 16;
+  r.chunk_base = kBase;
+  r.generation = 7;
+  return r;
+}
+
+ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
+  ClientOptions c;
+  c.timeout_ms = timeout_ms;
+  c.socket_dir = std::move(dir);
+  return c;
+}
+
+std::unique_ptr<Listener> MustStart(const ListenerOptions& o, ServeHandler h) {
+  std::string error;
+  auto l = Listener::Start(o, std::move(h), &error);
+  EXPECT_NE(l, nullptr) << error;
+  return l;
+}
+
+// Runs `body` in a forked child and returns its exit code (or 100 + signal).
+int InChild(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    log::ResetAfterFork();
+    int code = 99;
+    try {
+      code = body();
+    } catch (...) {
+    }
+    _exit(code);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) return -2;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+// A fake server bound to an exporter's name: accepts one connection, reads
+// the request, then runs `script` (which sends whatever it likes), then waits
+// for the client to hang up.
+class ScriptedServer {
+ public:
+  using Script = std::function<void(int fd, const wire::RequestPreamble& request)>;
+  ScriptedServer(uint32_t pid, Script script) {
+    std::string error;
+    EXPECT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address_, &error));
+    listen_fd_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    EXPECT_EQ(bind(listen_fd_.get(), address_.get(), address_.length), 0) << strerror(errno);
+    EXPECT_EQ(listen(listen_fd_.get(), 4), 0);
+    thread_ = std::thread([this, script = std::move(script)] {
+      if (!WaitFor(listen_fd_.get(), POLLIN, Deadline::AfterMs(3000)).ok()) return;
+      ScopedFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!conn) return;
+      uint8_t buffer[256];
+      ReceivedMessage m;
+      if (!ReceiveMessage(conn.get(), buffer, &m, Deadline::AfterMs(3000)).ok()) return;
+      wire::RequestPreamble preamble;
+      if (wire::ParseRequestPreamble(std::span<const uint8_t>(buffer, m.length), &preamble) !=
+          wire::WireError::kOk) {
+        return;
+      }
+      script(conn.get(), preamble);
+      ReceivedMessage rest;
+      (void)ReceiveMessage(conn.get(), buffer, &rest, Deadline::AfterMs(3000));
+    });
+  }
+  ~ScriptedServer() { thread_.join(); }
+
+ private:
+  SocketAddress address_;
+  ScopedFd listen_fd_;
+  std::thread thread_;
+};
+
+void SendReply(int fd, const wire::Nonce& nonce, const SipKey& key, const wire::ReplyHeader& h,
+               const std::vector<wire::ReplyEntry>& entries, const std::vector<int>& fds) {
+  const auto bytes = wire::EncodeReply(nonce, key, h, entries);
+  EXPECT_TRUE(SendMessage(fd, bytes, fds, Deadline::AfterMs(1000)).ok());
+}
+
+wire::ReplyHeader GrantHeader(uint32_t total, uint32_t index = 0) {
+  wire::ReplyHeader h;
+  h.total_chunks = total;
+  h.batch_index = index;
+  h.batch_count = wire::BatchCount(total);
+  return h;
+}
+
+// Sends a raw request (as crafted by `mutate`) and returns the reply's status
+// as the client would verify it, or -1 (no reply), -2 (reply does not verify).
+int RawExchange(const SocketAddress& address, uint32_t pid, uint64_t token,
+                const std::function<void(std::vector<uint8_t>*)>& mutate,
+                const std::vector<int>& fds = {}) {
+  ScopedFd sock;
+  if (!ConnectSeqpacket(address, Deadline::AfterMs(1000), &sock).ok()) return -3;
+  wire::Request request;
+  request.exporter_pid = pid;
+  request.nonce.fill(0x5a);
+  request.address = kBase;
+  const SipKey key = wire::DeriveKey(token, pid);
+  const auto encoded = wire::EncodeRequest(request, key);
+  std::vector<uint8_t> bytes(encoded.begin(), encoded.end());
+  if (mutate) mutate(&bytes);
+  if (!SendMessage(sock.get(), bytes, fds, Deadline::AfterMs(1000)).ok()) return -4;
+  std::vector<uint8_t> buffer(wire::kMaxReplySize);
+  ReceivedMessage m;
+  if (!ReceiveMessage(sock.get(), buffer, &m, Deadline::AfterMs(1000)).ok()) return -1;
+  wire::ReplyHeader h;
+  std::vector<wire::ReplyEntry> entries;
+  if (wire::ParseReply(std::span<const uint8_t>(buffer.data(), m.length), request.nonce, key, &h,
+                       &entries) != wire::WireError::kOk) {
+    return -2;
+  }
+  return h.status;
+}
+
+class TransportListener : public ::testing::Test {
+ protected:
+  void SetUp() override { fds_before_ = FdCount(); }
+  void ExpectNoFdLeak() { EXPECT_EQ(FdCount(), fds_before_) << "file descriptors leaked"; }
+  int fds_before_ = 0;
+};
+
+TEST_F(TransportListener, FetchOneChunkSharesMemory) {
+  const uint32_t pid = FakePid();
+  ScopedFd original = Memfd(1);
+  ServeRequest seen;
+  {
+    auto listener = MustStart(Options(pid), [&](const ServeRequest& r) {
+      seen = r;
+      ServeReply reply;
+      ChunkGrant g;
+      g.address = kBase;
+      g.size = kChunk;
+      g.generation = 7;
+      g.fd.Reset(dup(original.get()));
+      reply.chunks.push_back(std::move(g));
+      return reply;
+    });
+    ASSERT_NE(listener, nullptr);
+    EXPECT_EQ(listener->address(), "@" + SocketBaseName(geteuid(), pid));
+
+    FetchResult result = FetchChunks(Request(pid), Client());
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_TRUE(result.verified);
+    ASSERT_EQ(result.chunks.size(), 1u);
+    const ChunkGrant& c = result.chunks[0];
+    EXPECT_EQ(c.address, kBase);
+    EXPECT_EQ(c.size, kChunk);
+    EXPECT_EQ(c.generation, 7u);
+    EXPECT_TRUE(fcntl(c.fd.get(), F_GETFD) & FD_CLOEXEC);
+    // Write through the received fd, read through the exporter's.
+    const char text[] = "importer was here";
+    ASSERT_EQ(pwrite(c.fd.get(), text, sizeof(text), 64), static_cast<ssize_t>(sizeof(text)));
+    char back[sizeof(text)] = {};
+    ASSERT_EQ(pread(original.get(), back, sizeof(back), 64), static_cast<ssize_t>(sizeof(back)));
+    EXPECT_STREQ(back, text);
+
+    EXPECT_EQ(seen.peer_pid, static_cast<uint32_t>(getpid()));
+    EXPECT_EQ(seen.peer_uid, geteuid());
+    EXPECT_EQ(seen.address, kBase + 16);
+    EXPECT_EQ(seen.chunk_base, kBase);
+    EXPECT_EQ(seen.generation, 7u);
+  }
+  original.Reset();
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, SixHundredChunksComeInBatchesInAddressOrder) {
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(600));
+    ASSERT_NE(listener, nullptr);
+    FetchResult result = FetchChunks(Request(pid), Client(2000));
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    ASSERT_EQ(result.chunks.size(), 600u);
+    for (size_t i = 0; i < 600; ++i) {
+      EXPECT_EQ(result.chunks[i].address, kBase + i * kChunk);
+      EXPECT_EQ(TagOf(result.chunks[i].fd.get()), 1000 + i);
+    }
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, WrongTokenIsRefusedAsBadToken) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(1, &calls));
+    ASSERT_NE(listener, nullptr);
+    FetchResult result = FetchChunks(Request(pid, kToken + 1), Client());
+    EXPECT_EQ(result.status, FetchStatus::kRefused) << result.detail;
+    EXPECT_EQ(result.refuse, RefuseReason::kBadToken);
+    EXPECT_FALSE(result.verified);  // nobody can prove anything to a wrong token
+    EXPECT_TRUE(result.chunks.empty());
+  }
+  EXPECT_EQ(calls.load(), 0);
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, HandlerRefusalIsVerified) {
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid), [](const ServeRequest&) {
+      ServeReply reply;
+      reply.refuse = RefuseReason::kNotExported;
+      reply.detail = "never exported";
+      ChunkGrant stray;  // must be closed, not sent
+      stray.fd = Memfd(5);
+      reply.chunks.push_back(std::move(stray));
+      return reply;
+    });
+    ASSERT_NE(listener, nullptr);
+    FetchResult result = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(result.status, FetchStatus::kRefused);
+    EXPECT_EQ(result.refuse, RefuseReason::kNotExported);
+    EXPECT_TRUE(result.verified);
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, HandlerThrowingIsInternalAndListenerGoesOn) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(Options(pid), [&](const ServeRequest& r) -> ServeReply {
+      if (calls++ == 0) throw std::runtime_error("boom");
+      if (calls == 2) throw 42;
+      return ChunksHandler(1)(r);
+    });
+    ASSERT_NE(listener, nullptr);
+    for (int i = 0; i < 2; ++i) {
+      FetchResult result = FetchChunks(Request(pid), Client());
+      EXPECT_EQ(result.status, FetchStatus::kRefused) << i;
+      EXPECT_EQ(result.refuse, RefuseReason::kInternal) << i;
+      EXPECT_TRUE(result.verified);
+    }
+    FetchResult ok = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(ok.status, FetchStatus::kOk) << ok.detail;
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, InvalidGrantsAreRefusedAsInternal) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> mode{0};
+  {
+    auto listener = MustStart(Options(pid), [&](const ServeRequest&) {
+      ServeReply reply;
+      if (mode == 1) {  // overlapping chunks
+        for (int i = 0; i < 2; ++i) {
+          ChunkGrant g;
+          g.address = kBase + i * 16;
+          g.size = kChunk;
+          g.fd = Memfd(i);
+          reply.chunks.push_back(std::move(g));
+        }
+      } else if (mode == 2) {  // a chunk without an fd
+        ChunkGrant g;
+        g.address = kBase;
+        g.size = kChunk;
+        reply.chunks.push_back(std::move(g));
+      }
+      return reply;  // mode 0: nothing granted
+    });
+    ASSERT_NE(listener, nullptr);
+    for (int m = 0; m < 3; ++m) {
+      mode = m;
+      FetchResult result = FetchChunks(Request(pid), Client());
+      EXPECT_EQ(result.status, FetchStatus::kRefused) << m;
+      EXPECT_EQ(result.refuse, RefuseReason::kInternal) << m;
+    }
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, NobodyListeningIsNoExporter) {
+  const uint32_t pid = FakePid();
+  const auto start = Clock::now();
+  FetchResult result = FetchChunks(Request(pid), Client());
+  EXPECT_EQ(result.status, FetchStatus::kNoExporter) << result.detail;
+  char dir_template[] = "/tmp/vmmipc-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  result = FetchChunks(Request(pid), Client(1000, dir_template));
+  EXPECT_EQ(result.status, FetchStatus::kNoExporter) << result.detail;
+  rmdir(dir_template);
+  EXPECT_LT(ElapsedMs(start), 200);
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, SquatterWithBadMacIsUnauthenticAndLeaksNothing) {
+  const uint32_t pid = FakePid();
+  {
+    // The squatter does not know the token: it MACs with a guess and offers
+    // its own memory.
+    ScriptedServer squatter(pid, [](int fd, const wire::RequestPreamble& request) {
+      ScopedFd bait = Memfd(666);
+      SendReply(fd, request.nonce, wire::DeriveKey(0xbad, request.exporter_pid), GrantHeader(1),
+                {{kBase, kChunk, 7}}, {bait.get()});
+    });
+    FetchResult result = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
+    EXPECT_TRUE(result.chunks.empty());
+  }
+  {
+    // Replaying a genuine MAC for another nonce does not help either.
+    ScriptedServer squatter(pid, [](int fd, const wire::RequestPreamble& request) {
+      wire::Nonce other = request.nonce;
+      other[0] ^= 1;
+      SendReply(fd, other, wire::DeriveKey(kToken, request.exporter_pid), GrantHeader(1),
+                {{kBase, kChunk, 7}}, {});
+    });
+    FetchResult result = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
+  }
+  {
+    // A forged refusal other than "bad token" is unauthentic too.
+    ScriptedServer squatter(pid, [](int fd, const wire::RequestPreamble& request) {
+      wire::ReplyHeader h;
+      h.status = static_cast<uint16_t>(RefuseReason::kFreed);
+      h.batch_count = 1;
+      SendReply(fd, request.nonce, wire::DeriveKey(0xbad, request.exporter_pid), h, {}, {});
+    });
+    FetchResult result = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, BadBatchFromRealKeyIsProtocolErrorAndClosesFds) {
+  const uint32_t pid = FakePid();
+  using Script = ScriptedServer::Script;
+  const SipKey key = wire::DeriveKey(kToken, pid);
+  const std::vector<std::pair<const char*, Script>> cases = {
+      {"fewer fds than entries",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         SendReply(fd, r.nonce, key, GrantHeader(2), {{kBase, kChunk, 7}, {kBase + kChunk, kChunk, 7}},
+                   {a.get()});
+       }},
+      {"more fds than entries",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         SendReply(fd, r.nonce, key, GrantHeader(1), {{kBase, kChunk, 7}}, {a.get(), a.get()});
+       }},
+      {"second batch out of order",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         std::vector<wire::ReplyEntry> first(253);
+         for (size_t i = 0; i < 253; ++i) first[i] = {kBase + i * kChunk, kChunk, 7};
+         SendReply(fd, r.nonce, key, GrantHeader(300, 0), first, std::vector<int>(253, a.get()));
+         SendReply(fd, r.nonce, key, GrantHeader(300, 0), first, std::vector<int>(253, a.get()));
+       }},
+      {"overlapping chunks",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         SendReply(fd, r.nonce, key, GrantHeader(2), {{kBase, kChunk, 7}, {kBase + 8, kChunk, 7}},
+                   {a.get(), a.get()});
+       }},
+      {"hang up after the first batch",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         std::vector<wire::ReplyEntry> first(253);
+         for (size_t i = 0; i < 253; ++i) first[i] = {kBase + i * kChunk, kChunk, 7};
+         SendReply(fd, r.nonce, key, GrantHeader(300, 0), first, std::vector<int>(253, a.get()));
+         shutdown(fd, SHUT_RDWR);
+       }},
+      {"refusal carrying an fd",
+       [&](int fd, const wire::RequestPreamble& r) {
+         ScopedFd a = Memfd(1);
+         wire::ReplyHeader h;
+         h.status = static_cast<uint16_t>(RefuseReason::kFreed);
+         h.batch_count = 1;
+         SendReply(fd, r.nonce, key, h, {}, {a.get()});
+       }},
+  };
+  for (const auto& [name, script] : cases) {
+    {
+      ScriptedServer server(pid, script);
+      FetchResult result = FetchChunks(Request(pid), Client());
+      EXPECT_EQ(result.status, FetchStatus::kProtocolError) << name << ": " << result.detail;
+      EXPECT_TRUE(result.chunks.empty()) << name;
+    }
+    EXPECT_EQ(FdCount(), fds_before_) << name;
+  }
+}
+
+TEST_F(TransportListener, ClientOutOfFdsIsNoResources) {
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(16));
+    ASSERT_NE(listener, nullptr);
+    const int code = InChild([&] {
+      // Three free descriptors: the socket and two of the sixteen chunks.
+      rlimit limit{64, 64};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return 10;
+      std::vector<int> fillers;
+      for (int fd; (fd = dup(0)) >= 0;) fillers.push_back(fd);
+      if (fillers.size() < 3) return 11;
+      for (int i = 0; i < 3; ++i) {
+        close(fillers.back());
+        fillers.pop_back();
+      }
+      FetchResult result = FetchChunks(Request(pid), Client());
+      if (result.status != FetchStatus::kNoResources) return 20 + static_cast<int>(result.status);
+      // Everything received was closed again: three descriptors free.
+      for (int i = 0; i < 3; ++i) {
+        if (dup(0) < 0) return 30 + i;
+      }
+      return dup(0) < 0 ? 0 : 40;
+    });
+    EXPECT_EQ(code, 0);
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, ServerThatNeverAnswersTimesOut) {
+  const uint32_t pid = FakePid();
+  {
+    ScriptedServer mute(pid, [](int, const wire::RequestPreamble&) {});
+    const auto start = Clock::now();
+    FetchResult result = FetchChunks(Request(pid), Client(200));
+    const long ms = ElapsedMs(start);
+    EXPECT_EQ(result.status, FetchStatus::kTimeout) << result.detail;
+    EXPECT_GE(ms, 190);
+    EXPECT_LT(ms, 700);
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, SilentClientDoesNotBlockTheNextOneBeyondTheTimeout) {
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid, 200), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    SocketAddress address;
+    std::string error;
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    ScopedFd silent;
+    ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
+
+    const auto start = Clock::now();
+    FetchResult result = FetchChunks(Request(pid), Client(2000));
+    const long ms = ElapsedMs(start);
+    EXPECT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_LT(ms, 800) << "the silent client held the listener too long";
+
+    // The silent client was dropped: it sees the hang-up.
+    uint8_t byte;
+    ReceivedMessage m;
+    EXPECT_EQ(ReceiveMessage(silent.get(), std::span<uint8_t>(&byte, 1), &m,
+                             Deadline::AfterMs(1000))
+                  .status,
+              IoStatus::kPeerClosed);
+
+    // A fragment of a request is dropped at once, without an answer.
+    ScopedFd fragment;
+    ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &fragment).ok());
+    const uint8_t junk[10] = {'V', 'M', 'R', 'Q'};
+    ASSERT_TRUE(SendMessage(fragment.get(), junk, {}, Deadline::AfterMs(1000)).ok());
+    const auto fragment_start = Clock::now();
+    EXPECT_EQ(ReceiveMessage(fragment.get(), std::span<uint8_t>(&byte, 1), &m,
+                             Deadline::AfterMs(1000))
+                  .status,
+              IoStatus::kPeerClosed);
+    EXPECT_LT(ElapsedMs(fragment_start), 150);
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, MalformedRequestsAreRefusedAsBadRequest) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(1, &calls));
+    ASSERT_NE(listener, nullptr);
+    SocketAddress address;
+    std::string error;
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const int kBadRequest = static_cast<int>(RefuseReason::kBadRequest);
+    // Unknown version (its MAC is not even checked): a MAC'd kBadRequest.
+    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[4] = 2; }), kBadRequest);
+    // A longer request of a future version.
+    EXPECT_EQ(RawExchange(address, pid, kToken,
+                          [](auto* b) {
+                            (*b)[4] = 3;
+                            b->resize(1000, 0);
+                          }),
+              kBadRequest);
+    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { b->pop_back(); }), kBadRequest);
+    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[12] = 1; }), kBadRequest);
+    // A request carrying fds: refused, and the fds are closed by the listener.
+    ScopedFd stray = Memfd(3);
+    EXPECT_EQ(RawExchange(address, pid, kToken, nullptr, {stray.get()}), kBadRequest);
+    // A bad MAC: kBadToken.
+    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[40] ^= 1; }),
+              static_cast<int>(RefuseReason::kBadToken));
+    // Not a vmmipc request: no answer at all.
+    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[0] = 'X'; }), -1);
+    // And the well-formed one still works.
+    EXPECT_EQ(RawExchange(address, pid, kToken, nullptr), 0);
+  }
+  EXPECT_EQ(calls.load(), 1);
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, NameTakenStartFailsCleanly) {
+  const uint32_t pid = FakePid();
+  {
+    auto first = MustStart(Options(pid), ChunksHandler(1));
+    ASSERT_NE(first, nullptr);
+    const int with_first = FdCount();
+    std::string error;
+    auto second = Listener::Start(Options(pid), ChunksHandler(1), &error);
+    EXPECT_EQ(second, nullptr);
+    EXPECT_NE(error.find("already bound"), std::string::npos) << error;
+    EXPECT_EQ(FdCount(), with_first);
+    FetchResult result = FetchChunks(Request(pid), Client());
+    EXPECT_EQ(result.status, FetchStatus::kOk) << result.detail;
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, StopIsPromptEvenDuringAConnection) {
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid, 5000), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    SocketAddress address;
+    std::string error;
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    ScopedFd silent;  // keeps the thread in its 5 s receive wait
+    ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto start = Clock::now();
+    listener.reset();
+    EXPECT_LT(ElapsedMs(start), 150);
+  }
+  ExpectNoFdLeak();
+}
+
+class TransportListenerFs : public TransportListener {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/vmmipc-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    TransportListener::SetUp();
+  }
+  void TearDown() override { rmdir(dir_.c_str()); }
+  std::string PathFor(uint32_t pid) {
+    return dir_ + "/" + SocketBaseName(geteuid(), pid) + ".sock";
+  }
+  std::string dir_;
+};
+
+TEST_F(TransportListenerFs, FilesystemSocketServesAndIsRemoved) {
+  const uint32_t pid = FakePid();
+  const std::string path = PathFor(pid);
+  {
+    auto listener = MustStart(Options(pid, 200, dir_ + "/"), ChunksHandler(3));
+    ASSERT_NE(listener, nullptr);
+    EXPECT_EQ(listener->address(), path);
+    struct stat st{};
+    ASSERT_EQ(lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    FetchResult result = FetchChunks(Request(pid), Client(1000, dir_));
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_EQ(result.chunks.size(), 3u);
+    // The abstract name is not where it listens.
+    EXPECT_EQ(FetchChunks(Request(pid), Client()).status, FetchStatus::kNoExporter);
+  }
+  struct stat st{};
+  EXPECT_NE(lstat(path.c_str(), &st), 0) << "socket file left behind";
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListenerFs, StaleSocketFileIsReplaced) {
+  const uint32_t pid = FakePid();
+  SocketAddress address;
+  std::string error;
+  ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, dir_, &address, &error));
+  {
+    ScopedFd dead(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(bind(dead.get(), address.get(), address.length), 0);
+  }  // closed: the file stays, nobody listens
+  {
+    auto listener = MustStart(Options(pid, 200, dir_), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    EXPECT_EQ(FetchChunks(Request(pid), Client(1000, dir_)).status, FetchStatus::kOk);
+  }
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListenerFs, LiveSocketOrOtherFileIsNotTaken) {
+  const uint32_t pid = FakePid();
+  const std::string path = PathFor(pid);
+  {
+    auto first = MustStart(Options(pid, 200, dir_), ChunksHandler(1));
+    ASSERT_NE(first, nullptr);
+    std::string error;
+    EXPECT_EQ(Listener::Start(Options(pid, 200, dir_), ChunksHandler(1), &error), nullptr);
+    EXPECT_NE(error.find("live"), std::string::npos) << error;
+    EXPECT_EQ(FetchChunks(Request(pid), Client(1000, dir_)).status, FetchStatus::kOk);
+  }
+  {
+    ScopedFd file(open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+    ASSERT_TRUE(file.valid());
+  }
+  std::string error;
+  EXPECT_EQ(Listener::Start(Options(pid, 200, dir_), ChunksHandler(1), &error), nullptr);
+  EXPECT_NE(error.find("not a socket"), std::string::npos) << error;
+  struct stat st{};
+  EXPECT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  unlink(path.c_str());
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, OtherUidIsRefusedByTheServer) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to setuid a child";
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(1, &calls));
+    ASSERT_NE(listener, nullptr);
+    const int code = InChild([&] {
+      if (setgid(65534) != 0 || setuid(65534) != 0) return 10;
+      SocketAddress address;  // the root exporter's name, reached on purpose
+      std::string error;
+      if (!MakeSocketAddress(0, pid, "", &address, &error)) return 11;
+      // Knowing the token does not help another user.
+      const int status = RawExchange(address, pid, kToken, nullptr);
+      return status == static_cast<int>(RefuseReason::kWrongUser) ? 0 : 20 + status;
+    });
+    EXPECT_EQ(code, 0);
+  }
+  EXPECT_EQ(calls.load(), 0);
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, OtherUidSquatterIsUnauthenticToTheClient) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to setuid a child";
+  const uint32_t pid = FakePid();
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ScopedFd ready_read(ready[0]), ready_write(ready[1]);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another user binds our uid's name for `pid` and would answer anything.
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    SocketAddress address;
+    std::string error;
+    if (!MakeSocketAddress(0, pid, "", &address, &error)) _exit(11);
+    ScopedFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (bind(sock.get(), address.get(), address.length) != 0 || listen(sock.get(), 4) != 0) {
+      _exit(12);
+    }
+    (void)!write(ready_write.get(), "r", 1);
+    ScopedFd conn(accept4(sock.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    uint8_t buffer[256];
+    ReceivedMessage m;
+    // The client must hang up without sending its request.
+    const IoResult r = ReceiveMessage(conn.get(), buffer, &m, Deadline::AfterMs(2000));
+    _exit(r.status == IoStatus::kPeerClosed ? 0 : 13);
+  }
+  char byte;
+  ASSERT_EQ(read(ready_read.get(), &byte, 1), 1);
+  FetchResult result = FetchChunks(Request(pid), Client());
+  EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ready_read.Reset();
+  ready_write.Reset();
+  ExpectNoFdLeak();
+}
+
+TEST_F(TransportListener, AbandonAfterForkThenNewListenerInChild) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "TSan does not support starting threads after a multi-threaded fork";
+#endif
+  const uint32_t parent_pid = FakePid();
+  const uint32_t child_pid = FakePid();
+  char dir_template[] = "/tmp/vmmipc-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  {
+    auto abstract = MustStart(Options(parent_pid), ChunksHandler(2));
+    auto fs = MustStart(Options(parent_pid, 200, dir), ChunksHandler(2));
+    ASSERT_NE(abstract, nullptr);
+    ASSERT_NE(fs, nullptr);
+    const int code = InChild([&] {
+      abstract->AbandonAfterFork();
+      abstract.reset();  // safe after abandoning: no join, no wake of the parent's thread
+      fs.reset();        // safe even without abandoning: it notices it is in a child
+      std::string error;
+      auto mine = Listener::Start(Options(child_pid), ChunksHandler(4), &error);
+      if (mine == nullptr) return 10;
+      FetchResult own = FetchChunks(Request(child_pid), Client());
+      if (own.status != FetchStatus::kOk || own.chunks.size() != 4) return 11;
+      // The parent's listeners still serve (from the parent).
+      if (FetchChunks(Request(parent_pid), Client()).status != FetchStatus::kOk) return 12;
+      if (FetchChunks(Request(parent_pid), Client(1000, dir)).status != FetchStatus::kOk) return 13;
+      return 0;
+    });
+    EXPECT_EQ(code, 0);
+    FetchResult after = FetchChunks(Request(parent_pid), Client());
+    EXPECT_EQ(after.status, FetchStatus::kOk) << after.detail;
+    after = FetchChunks(Request(parent_pid), Client(1000, dir));
+    EXPECT_EQ(after.status, FetchStatus::kOk) << after.detail << " (child removed the parent's file?)";
+  }
+  rmdir(dir.c_str());
+  ExpectNoFdLeak();
+}
+
+}  // namespace
+}  // namespace vmmipc::transport
