@@ -20,17 +20,30 @@ else
 fi
 chunk=$((2 << 20))
 
-# One peer process, driven through a coprocess: ask CMD -> prints the answer.
+# One peer process, driven through two fifos: ask NAME CMD prints the answer.
+work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+declare -A to_peer from_peer
 start_peer() {  # name rank
   local name=$1 rank=$2
-  coproc "$name" { env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$driver_path" VMMIPC_RANK="$rank" \
-    VMMIPC_LOG_LEVEL="${VMMIPC_LOG_LEVEL:-warn}" "$peer"; }
+  mkfifo "$work/$name.in" "$work/$name.out"
+  env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$driver_path" VMMIPC_RANK="$rank" \
+    VMMIPC_LOG_LEVEL="${VMMIPC_LOG_LEVEL:-warn}" "$peer" <"$work/$name.in" >"$work/$name.out" &
+  pids+=($!)
+  exec {fd_in}>"$work/$name.in" {fd_out}<"$work/$name.out"
+  to_peer[$name]=$fd_in
+  from_peer[$name]=$fd_out
 }
-ask() {  # coproc-name command
-  local -n fds=$1
-  echo "$2" >&"${fds[1]}"
+stop_peer() {  # name
+  echo exit >&"${to_peer[$1]}"
+  exec {to_peer[$1]}>&- {from_peer[$1]}<&-
+  rm -f "$work/$1.in" "$work/$1.out"
+}
+ask() {  # name command
+  echo "$2" >&"${to_peer[$1]}"
   local answer
-  IFS= read -r -t 30 answer <&"${fds[0]}" || answer="err no answer"
+  IFS= read -r -t 30 answer <&"${from_peer[$1]}" || answer="err no answer"
   [[ $answer == ok* ]] || { echo "demo: '$2' failed: $answer" >&2; exit 1; }
   echo "${answer#ok}" | sed 's/^ //'
 }
@@ -72,6 +85,8 @@ for run in 1 2; do
     fi
   fi
   ask IMPORTER "close $ptr" >/dev/null
-  echo exit >&"${IMPORTER[1]}"; wait "$IMPORTER_PID" 2>/dev/null || true
-  echo exit >&"${EXPORTER[1]}"; wait "$EXPORTER_PID" 2>/dev/null || true
+  stop_peer IMPORTER
+  stop_peer EXPORTER
+  wait
+  pids=()
 done

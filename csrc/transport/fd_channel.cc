@@ -13,7 +13,6 @@
 #include <cstring>
 
 #include "common/status.h"
-#include "transport/wire.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -79,12 +78,18 @@ int Deadline::RemainingMs() const {
 
 const char* IoStatusName(IoStatus status) {
   switch (status) {
-    case IoStatus::kOk: return "ok";
-    case IoStatus::kTimeout: return "timed out";
-    case IoStatus::kStopped: return "stopped";
-    case IoStatus::kPeerClosed: return "peer closed the connection";
-    case IoStatus::kNoResources: return "out of resources";
-    case IoStatus::kError: return "socket error";
+    case IoStatus::kOk:
+      return "ok";
+    case IoStatus::kTimeout:
+      return "timed out";
+    case IoStatus::kStopped:
+      return "stopped";
+    case IoStatus::kPeerClosed:
+      return "peer closed the connection";
+    case IoStatus::kNoResources:
+      return "out of resources";
+    case IoStatus::kError:
+      return "socket error";
   }
   return "unknown";
 }
@@ -143,9 +148,9 @@ IoResult ConnectSeqpacket(const SocketAddress& address, const Deadline& deadline
 
 IoResult SendMessage(int fd, std::span<const uint8_t> data, std::span<const int> fds,
                      const Deadline& deadline, int stop_fd) {
-  if (fds.size() > wire::kMaxChunksPerBatch) return {IoStatus::kError, EINVAL};
+  if (fds.size() > kMaxFdsPerMessage) return {IoStatus::kError, EINVAL};
   iovec iov{const_cast<uint8_t*>(data.data()), data.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxChunksPerBatch)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -188,7 +193,7 @@ IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
   *out = ReceivedMessage{};
   // Room for the kernel's maximum (SCM_MAX_FD), whatever the peer claims it
   // sends: a short control buffer would make the kernel drop fds silently.
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxChunksPerBatch)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   while (true) {
     if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
     iovec iov{buffer.data(), buffer.size()};

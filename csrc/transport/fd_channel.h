@@ -17,6 +17,9 @@
 
 namespace vmmipc::transport {
 
+// The kernel's SCM_MAX_FD: the most fds one sendmsg may carry (more: EINVAL).
+inline constexpr size_t kMaxFdsPerMessage = 253;
+
 class Deadline {
  public:
   // Negative values count as 0: already expired.

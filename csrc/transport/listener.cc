@@ -65,7 +65,7 @@ namespace {
 // (connect is refused) is removed; a live one, or any other kind of file, is
 // left alone and reported.
 bool ClearStalePath(const SocketAddress& address, std::string* error) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(address.path.c_str(), &st) != 0) {
     if (errno == ENOENT) return true;
     *error = fmt::format("cannot inspect {}: {}", address.path, ErrnoText(errno));
@@ -78,9 +78,10 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
   ScopedFd probe;
   const IoResult io = ConnectSeqpacket(address, Deadline::AfterMs(100), &probe);
   if (io.ok() || io.status == IoStatus::kTimeout) {
-    *error = fmt::format("{} is in use by a live listener (same uid and pid in another pid "
-                         "namespace sharing this directory?)",
-                         address.path);
+    *error = fmt::format(
+        "{} is in use by a live listener (same uid and pid in another pid "
+        "namespace sharing this directory?)",
+        address.path);
     return false;
   }
   if (io.error != ECONNREFUSED) {
@@ -113,8 +114,7 @@ void Listener::Impl::Run() noexcept {
     pfds[0].revents = pfds[1].revents = 0;
     const int n = ::poll(pfds, 2, kPollPeriodMs);
     if (n < 0 && errno != EINTR) {
-      VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display,
-                       ErrnoText(errno));
+      VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display, ErrnoText(errno));
       return;
     }
     if (pfds[1].revents != 0) return;
@@ -139,7 +139,7 @@ void Listener::Impl::UnlinkOwnPath() noexcept {
   if (!owns_path) return;
   owns_path = false;
   // Only the file this listener bound: if someone replaced it meanwhile, it is theirs.
-  struct stat st{};
+  struct stat st {};
   if (::lstat(address.path.c_str(), &st) == 0 && st.st_dev == path_dev && st.st_ino == path_ino) {
     ::unlink(address.path.c_str());
   }
@@ -212,7 +212,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       return nullptr;
     }
     if (!address.abstract) {
-      struct stat st{};
+      struct stat st {};
       if (::lstat(address.path.c_str(), &st) == 0) {
         impl->owns_path = true;
         impl->path_dev = st.st_dev;

@@ -21,26 +21,26 @@
 namespace vmmipc::transport {
 
 struct ServeRequest {
-  uint32_t peer_pid = 0;      // from SO_PEERCRED (in the listener's pid namespace)
+  uint32_t peer_pid = 0;  // from SO_PEERCRED (in the listener's pid namespace)
   uint32_t peer_uid = 0;
-  uint64_t address = 0;       // the exporter address the handle was made for
-  uint64_t chunk_base = 0;    // base of the chunk holding `address`, as get saw it
-  uint64_t generation = 0;    // that chunk's generation as get saw it
+  uint64_t address = 0;     // the exporter address the handle was made for
+  uint64_t chunk_base = 0;  // base of the chunk holding `address`, as get saw it
+  uint64_t generation = 0;  // that chunk's generation as get saw it
 };
 
 struct ServeReply {
   RefuseReason refuse = RefuseReason::kNone;
-  std::string detail;                 // for the exporter's log line only; not sent
-  std::vector<ChunkGrant> chunks;     // from the chunk holding `address` to the end of the run
+  std::string detail;              // for the exporter's log line only; not sent
+  std::vector<ChunkGrant> chunks;  // from the chunk holding `address` to the end of the run
 };
 
 using ServeHandler = std::function<ServeReply(const ServeRequest&)>;
 
 struct ListenerOptions {
-  uint64_t token = 0;          // this process's secret; keys the MACs
-  uint32_t pid = 0;            // this process's pid as it appears in handles
-  std::string socket_dir;      // empty: abstract socket
-  int timeout_ms = 5000;       // per connection: receive, send
+  uint64_t token = 0;      // this process's secret; keys the MACs
+  uint32_t pid = 0;        // this process's pid as it appears in handles
+  std::string socket_dir;  // empty: abstract socket
+  int timeout_ms = 5000;   // per connection: receive, send
 };
 
 class Listener {

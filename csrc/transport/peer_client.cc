@@ -35,8 +35,9 @@ FetchResult IoFailure(const IoResult& io, const std::string& what, const SocketA
       return Fail(FetchStatus::kNoResources,
                   fmt::format("{} on {}: {}", what, address.display, ErrnoText(io.error)));
     case IoStatus::kPeerClosed:
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} on {}: the exporter closed the connection", what, address.display));
+      return Fail(
+          FetchStatus::kProtocolError,
+          fmt::format("{} on {}: the exporter closed the connection", what, address.display));
     default:
       return Fail(FetchStatus::kProtocolError,
                   fmt::format("{} on {}: {}", what, address.display, ErrnoText(io.error)));
@@ -64,13 +65,20 @@ bool MakeNonce(wire::Nonce* nonce, int* error) {
 
 const char* FetchStatusName(FetchStatus status) {
   switch (status) {
-    case FetchStatus::kOk: return "ok";
-    case FetchStatus::kNoExporter: return "no exporter";
-    case FetchStatus::kTimeout: return "timeout";
-    case FetchStatus::kRefused: return "refused";
-    case FetchStatus::kUnauthentic: return "unauthentic";
-    case FetchStatus::kProtocolError: return "protocol error";
-    case FetchStatus::kNoResources: return "no resources";
+    case FetchStatus::kOk:
+      return "ok";
+    case FetchStatus::kNoExporter:
+      return "no exporter";
+    case FetchStatus::kTimeout:
+      return "timeout";
+    case FetchStatus::kRefused:
+      return "refused";
+    case FetchStatus::kUnauthentic:
+      return "unauthentic";
+    case FetchStatus::kProtocolError:
+      return "protocol error";
+    case FetchStatus::kNoResources:
+      return "no resources";
   }
   return "unknown";
 }
@@ -91,8 +99,8 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
     if (io.status == IoStatus::kError &&
         (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
       return Fail(FetchStatus::kNoExporter,
-                  fmt::format("nobody listens on {} (exporter pid {} exited?): {}",
-                              address.display, request.exporter_pid, ErrnoText(io.error)));
+                  fmt::format("nobody listens on {} (exporter pid {} exited?): {}", address.display,
+                              request.exporter_pid, ErrnoText(io.error)));
     }
     return IoFailure(io, "connecting", address, timeout_ms);
   }
@@ -143,7 +151,8 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
     wire::ReplyHeader header;
     std::vector<wire::ReplyEntry> entries;
     const std::span<const uint8_t> bytes(buffer.data(), message.length);
-    const wire::WireError parsed = wire::ParseReply(bytes, wire_request.nonce, key, &header, &entries);
+    const wire::WireError parsed =
+        wire::ParseReply(bytes, wire_request.nonce, key, &header, &entries);
     if (parsed == wire::WireError::kBadMac) {
       // A process without our token cannot MAC anything we can verify, so a
       // real exporter that says "bad token" (a stale handle whose pid now
@@ -167,8 +176,8 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
                               address.display, batch));
     }
     if (parsed != wire::WireError::kOk) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} from {}: {}", what, address.display, wire::WireErrorName(parsed)));
+      return Fail(FetchStatus::kProtocolError, fmt::format("{} from {}: {}", what, address.display,
+                                                           wire::WireErrorName(parsed)));
     }
     if (header.status != 0) {
       if (batch != 0 || !message.fds.empty()) {
@@ -184,10 +193,10 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
       return result;
     }
     if (header.batch_index != batch || (batch > 0 && header.total_chunks != total)) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} from {}: got batch {} of a {}-chunk reply, expected batch {} of {}",
-                              what, address.display, header.batch_index, header.total_chunks,
-                              batch, total));
+      return Fail(
+          FetchStatus::kProtocolError,
+          fmt::format("{} from {}: got batch {} of a {}-chunk reply, expected batch {} of {}", what,
+                      address.display, header.batch_index, header.total_chunks, batch, total));
     }
     if (message.control_truncated) {
       return Fail(FetchStatus::kNoResources,

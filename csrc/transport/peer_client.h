@@ -27,12 +27,12 @@ struct ClientOptions {
 
 enum class FetchStatus {
   kOk = 0,
-  kNoExporter,      // nobody listens under that pid's name (exporter exited)
-  kTimeout,         // a wait ran past the timeout
-  kRefused,         // the exporter answered with a RefuseReason
-  kUnauthentic,     // the answer's MAC did not verify: not the real exporter
-  kProtocolError,   // malformed answer, wrong fd count, short message, peer hung up
-  kNoResources,     // out of fds or memory on this side
+  kNoExporter,     // nobody listens under that pid's name (exporter exited)
+  kTimeout,        // a wait ran past the timeout
+  kRefused,        // the exporter answered with a RefuseReason
+  kUnauthentic,    // the answer's MAC did not verify: not the real exporter
+  kProtocolError,  // malformed answer, wrong fd count, short message, peer hung up
+  kNoResources,    // out of fds or memory on this side
 };
 const char* FetchStatusName(FetchStatus status);
 
@@ -43,8 +43,8 @@ struct FetchResult {
   // kBadToken from a process that does not hold the handle's token: no
   // answer from it can be verified (docs/protocol.md, "Unverified refusals").
   bool verified = false;
-  std::string detail;                         // one human sentence for the log line
-  std::vector<ChunkGrant> chunks;             // when status == kOk, in address order
+  std::string detail;              // one human sentence for the log line
+  std::vector<ChunkGrant> chunks;  // when status == kOk, in address order
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);

@@ -14,6 +14,8 @@
 namespace vmmipc::transport {
 namespace {
 
+static_assert(wire::kMaxChunksPerBatch <= kMaxFdsPerMessage, "a batch's fds must fit one message");
+
 // Generous for a v1 request (64 bytes); a longer one arrives truncated and
 // is refused as kBadRequest, its preamble still readable for the reply.
 constexpr size_t kRequestBufferSize = 512;
@@ -37,8 +39,8 @@ void SendRefusal(const Exchange& x, RefuseReason reason, const std::string& why)
   const std::vector<uint8_t> bytes = wire::EncodeReply(x.nonce, x.context.key, header, {});
   const Deadline deadline = Deadline::AfterMs(x.context.timeout_ms);
   if (IoResult io = SendMessage(x.fd, bytes, {}, deadline, x.context.stop_fd); !io.ok()) {
-    VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", x.context.name,
-                     x.peer.pid, IoStatusName(io.status));
+    VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", x.context.name, x.peer.pid,
+                     IoStatusName(io.status));
   }
 }
 
@@ -118,8 +120,9 @@ void Serve(ScopedFd connection, const ServeContext& context) {
     if (io.status == IoStatus::kStopped) return;
     VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{}{})", context.name,
                     x.peer.pid, x.peer.uid, IoStatusName(io.status),
-                    io.status == IoStatus::kTimeout ? fmt::format(" after {} ms", context.timeout_ms)
-                                                    : std::string(),
+                    io.status == IoStatus::kTimeout
+                        ? fmt::format(" after {} ms", context.timeout_ms)
+                        : std::string(),
                     io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
     return;
   }

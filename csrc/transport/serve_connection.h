@@ -14,12 +14,12 @@
 namespace vmmipc::transport {
 
 struct ServeContext {
-  SipKey key;                // DeriveKey(token, pid)
-  uint32_t uid = 0;          // the only uid served (this process's euid)
-  int timeout_ms = 5000;     // receiving the request; then, afresh, sending the reply
-  int stop_fd = -1;          // readable when the listener stops: abandon the connection
+  SipKey key;             // DeriveKey(token, pid)
+  uint32_t uid = 0;       // the only uid served (this process's euid)
+  int timeout_ms = 5000;  // receiving the request; then, afresh, sending the reply
+  int stop_fd = -1;       // readable when the listener stops: abandon the connection
   const ServeHandler* handler = nullptr;
-  std::string name;          // the listener's address, for log lines
+  std::string name;  // the listener's address, for log lines
 };
 
 // Serves `connection` to the end and closes it. Never throws; every refusal

@@ -65,14 +65,22 @@ SipKey DeriveKey(uint64_t token, uint32_t pid) { return SipKey{token, static_cas
 
 const char* WireErrorName(WireError error) {
   switch (error) {
-    case WireError::kOk: return "ok";
-    case WireError::kTooShort: return "too short";
-    case WireError::kBadMagic: return "bad magic";
-    case WireError::kBadVersion: return "unknown version";
-    case WireError::kBadLength: return "bad length";
-    case WireError::kBadReserved: return "reserved field not zero";
-    case WireError::kBadLayout: return "inconsistent fields";
-    case WireError::kBadMac: return "MAC does not verify";
+    case WireError::kOk:
+      return "ok";
+    case WireError::kTooShort:
+      return "too short";
+    case WireError::kBadMagic:
+      return "bad magic";
+    case WireError::kBadVersion:
+      return "unknown version";
+    case WireError::kBadLength:
+      return "bad length";
+    case WireError::kBadReserved:
+      return "reserved field not zero";
+    case WireError::kBadLayout:
+      return "inconsistent fields";
+    case WireError::kBadMac:
+      return "MAC does not verify";
   }
   return "unknown wire error";
 }

@@ -24,7 +24,7 @@ inline constexpr size_t kRequestPreambleSize = 32;
 inline constexpr size_t kRequestSize = 64;
 inline constexpr size_t kReplyHeaderSize = 32;
 inline constexpr size_t kReplyEntrySize = 24;
-// The kernel's SCM_MAX_FD: the most fds one sendmsg may carry.
+// One fd per entry, so at most the kernel's SCM_MAX_FD (kMaxFdsPerMessage).
 inline constexpr size_t kMaxChunksPerBatch = 253;
 // Bound on one span, so that a reply cannot ask the client to hold an
 // unbounded number of fds and entries.

@@ -257,7 +257,7 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     if (!HexToHandle(a.at(1), &h)) return "err bad hex";
     CUdeviceptr p = 0;
     unsigned flags = a.size() > 2 ? static_cast<unsigned>(Num(a[2]))
-                                  : CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+                                  : static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     CUresult r = fns->open(&p, h, flags);
     return r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
   }

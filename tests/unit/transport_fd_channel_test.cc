@@ -1,8 +1,6 @@
 // fd_channel over real sockets: memfds passed with SCM_RIGHTS arrive CLOEXEC
 // and share the memory, waits end at the deadline or the stop fd, a full
 // backlog times out, and fds the kernel could not install are reported.
-#include "transport/fd_channel.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/wire.h"
+#include "transport/fd_channel.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -101,13 +99,13 @@ TEST(TransportFdChannel, MaxFdsInOneMessage) {
   {
     Pair p = SeqpacketPair();
     ScopedFd memfd = Memfd("x");
-    std::vector<int> fds(wire::kMaxChunksPerBatch, memfd.get());
+    std::vector<int> fds(kMaxFdsPerMessage, memfd.get());
     const uint8_t data[1] = {0};
     ASSERT_TRUE(SendMessage(p.a.get(), data, fds, Deadline::AfterMs(1000)).ok());
     uint8_t buffer[4];
     ReceivedMessage m;
     ASSERT_TRUE(ReceiveMessage(p.b.get(), buffer, &m, Deadline::AfterMs(1000)).ok());
-    EXPECT_EQ(m.fds.size(), wire::kMaxChunksPerBatch);
+    EXPECT_EQ(m.fds.size(), kMaxFdsPerMessage);
     EXPECT_FALSE(m.control_truncated);
 
     fds.push_back(memfd.get());
@@ -167,7 +165,8 @@ TEST(TransportFdChannel, SendTimesOutWhenPeerDoesNotRead) {
   const std::vector<uint8_t> data(4096, 0);
   const auto start = Clock::now();
   IoResult r;
-  for (int i = 0; i < 100000 && r.ok(); ++i) r = SendMessage(p.a.get(), data, {}, Deadline::AfterMs(100));
+  for (int i = 0; i < 100000 && r.ok(); ++i)
+    r = SendMessage(p.a.get(), data, {}, Deadline::AfterMs(100));
   EXPECT_EQ(r.status, IoStatus::kTimeout);
   EXPECT_LT(ElapsedMs(start), 2000);
 }

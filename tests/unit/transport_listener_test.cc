@@ -444,8 +444,8 @@ TEST_F(TransportListener, BadBatchFromRealKeyIsProtocolErrorAndClosesFds) {
       {"fewer fds than entries",
        [&](int fd, const wire::RequestPreamble& r) {
          ScopedFd a = Memfd(1);
-         SendReply(fd, r.nonce, key, GrantHeader(2), {{kBase, kChunk, 7}, {kBase + kChunk, kChunk, 7}},
-                   {a.get()});
+         SendReply(fd, r.nonce, key, GrantHeader(2),
+                   {{kBase, kChunk, 7}, {kBase + kChunk, kChunk, 7}}, {a.get()});
        }},
       {"more fds than entries",
        [&](int fd, const wire::RequestPreamble& r) {
@@ -557,10 +557,10 @@ TEST_F(TransportListener, SilentClientDoesNotBlockTheNextOneBeyondTheTimeout) {
     // The silent client was dropped: it sees the hang-up.
     uint8_t byte;
     ReceivedMessage m;
-    EXPECT_EQ(ReceiveMessage(silent.get(), std::span<uint8_t>(&byte, 1), &m,
-                             Deadline::AfterMs(1000))
-                  .status,
-              IoStatus::kPeerClosed);
+    EXPECT_EQ(
+        ReceiveMessage(silent.get(), std::span<uint8_t>(&byte, 1), &m, Deadline::AfterMs(1000))
+            .status,
+        IoStatus::kPeerClosed);
 
     // A fragment of a request is dropped at once, without an answer.
     ScopedFd fragment;
@@ -568,10 +568,10 @@ TEST_F(TransportListener, SilentClientDoesNotBlockTheNextOneBeyondTheTimeout) {
     const uint8_t junk[10] = {'V', 'M', 'R', 'Q'};
     ASSERT_TRUE(SendMessage(fragment.get(), junk, {}, Deadline::AfterMs(1000)).ok());
     const auto fragment_start = Clock::now();
-    EXPECT_EQ(ReceiveMessage(fragment.get(), std::span<uint8_t>(&byte, 1), &m,
-                             Deadline::AfterMs(1000))
-                  .status,
-              IoStatus::kPeerClosed);
+    EXPECT_EQ(
+        ReceiveMessage(fragment.get(), std::span<uint8_t>(&byte, 1), &m, Deadline::AfterMs(1000))
+            .status,
+        IoStatus::kPeerClosed);
     EXPECT_LT(ElapsedMs(fragment_start), 150);
   }
   ExpectNoFdLeak();
@@ -670,7 +670,7 @@ TEST_F(TransportListenerFs, FilesystemSocketServesAndIsRemoved) {
     auto listener = MustStart(Options(pid, 200, dir_ + "/"), ChunksHandler(3));
     ASSERT_NE(listener, nullptr);
     EXPECT_EQ(listener->address(), path);
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(lstat(path.c_str(), &st), 0);
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -680,7 +680,7 @@ TEST_F(TransportListenerFs, FilesystemSocketServesAndIsRemoved) {
     // The abstract name is not where it listens.
     EXPECT_EQ(FetchChunks(Request(pid), Client()).status, FetchStatus::kNoExporter);
   }
-  struct stat st{};
+  struct stat st {};
   EXPECT_NE(lstat(path.c_str(), &st), 0) << "socket file left behind";
   ExpectNoFdLeak();
 }
@@ -720,7 +720,7 @@ TEST_F(TransportListenerFs, LiveSocketOrOtherFileIsNotTaken) {
   std::string error;
   EXPECT_EQ(Listener::Start(Options(pid, 200, dir_), ChunksHandler(1), &error), nullptr);
   EXPECT_NE(error.find("not a socket"), std::string::npos) << error;
-  struct stat st{};
+  struct stat st {};
   EXPECT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));
   unlink(path.c_str());
@@ -819,7 +819,8 @@ TEST_F(TransportListener, AbandonAfterForkThenNewListenerInChild) {
     FetchResult after = FetchChunks(Request(parent_pid), Client());
     EXPECT_EQ(after.status, FetchStatus::kOk) << after.detail;
     after = FetchChunks(Request(parent_pid), Client(1000, dir));
-    EXPECT_EQ(after.status, FetchStatus::kOk) << after.detail << " (child removed the parent's file?)";
+    EXPECT_EQ(after.status, FetchStatus::kOk)
+        << after.detail << " (child removed the parent's file?)";
   }
   rmdir(dir.c_str());
   ExpectNoFdLeak();

@@ -1,11 +1,11 @@
 // SipHash-2-4 against the 64 test vectors of the reference implementation
 // (key 00..0f, message 00..len-1 for len 0..63), one-shot and streamed.
-#include "transport/siphash.h"
-
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdint>
+
+#include "transport/siphash.h"
 
 namespace vmmipc::transport {
 namespace {

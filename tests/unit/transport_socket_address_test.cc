@@ -1,11 +1,11 @@
 // Socket naming: the abstract name's exact bytes and length, the filesystem
 // path, and the sun_path limit.
-#include "transport/socket_address.h"
-
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <string>
+
+#include "transport/socket_address.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -46,7 +46,8 @@ TEST(TransportSocketAddress, DifferentUidOrPidDifferentName) {
 TEST(TransportSocketAddress, TooLongPathIsAnError) {
   SocketAddress a;
   std::string error;
-  EXPECT_FALSE(MakeSocketAddress(4294967295u, 4294967295u, "/" + std::string(100, 'd'), &a, &error));
+  EXPECT_FALSE(
+      MakeSocketAddress(4294967295u, 4294967295u, "/" + std::string(100, 'd'), &a, &error));
   EXPECT_NE(error.find("longer"), std::string::npos) << error;
 }
 

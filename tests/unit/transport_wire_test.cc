@@ -1,10 +1,10 @@
 // Protocol records: round trips, fixed layouts, MAC coverage of every byte,
 // and each malformed case the parsers must reject.
-#include "transport/wire.h"
-
 #include <gtest/gtest.h>
 
 #include <vector>
+
+#include "transport/wire.h"
 
 namespace vmmipc::transport::wire {
 namespace {

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the one command for the GPU machine. From the repository root:
+#   bash scripts/gpu-check.sh [OUTDIR]    (OUTDIR: default $OUT if set, else build-gpu/report)
+# Steps: environment, configure + build (build-gpu, Release), ctest -L gpu (the cudart client and
+# its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, benchmarks if built.
+# Every step runs whatever happened before it, under `timeout`, inside one time budget
+# (VMMIPC_GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
+# markdown table (also OUTDIR/summary.md). Exit: 0 when no step failed, 1 otherwise.
+# Knobs: VMMIPC_GPU_BUILD_DIR (build-gpu), VMMIPC_GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
+# for trying the script on a CPU machine), VMMIPC_BENCH_REPETITIONS (5), VMMIPC_BENCH_PRELOAD (1).
+set -u
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT" || exit 1
+
+BUILD_DIR=${VMMIPC_GPU_BUILD_DIR:-build-gpu}
+OUTDIR=${1:-${OUT:-$BUILD_DIR/report}}
+mkdir -p "$OUTDIR" || exit 1
+OUTDIR=$(cd "$OUTDIR" && pwd)
+BUDGET_S=${VMMIPC_GPU_CHECK_BUDGET_S:-510}
+START_S=$(date +%s)
+DEADLINE_S=$((START_S + BUDGET_S))
+LIB="$REPO_ROOT/$BUILD_DIR/csrc/libvmmipc.so"
+NO_BUDGET=200  # run_logged's status when the budget is spent before the step starts
+
+ROWS=()
+ANY_FAILED=0
+GPU_LINE="no GPU"
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
+: >"$OUTDIR/summary.partial.md"
+
+# --- helpers ---------------------------------------------------------------------------------
+
+now() { date +%s; }
+
+# step_limit WANTED: seconds for the next step: WANTED, cut to what is left of the budget
+# (keeping 15 s for the summary).
+step_limit() {
+  local left=$((DEADLINE_S - $(now) - 15))
+  if ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+
+# run_logged LOG LIMIT CMD...: CMD under timeout, output to the terminal and appended to LOG.
+# Returns CMD's status (124/137: timed out; NO_BUDGET: not started).
+run_logged() {
+  local log=$1 limit=$2
+  shift 2
+  if ((limit < 5)); then
+    echo "not started: the time budget (${BUDGET_S}s) is spent" | tee -a "$log"
+    return "$NO_BUDGET"
+  fi
+  echo "+ (timeout ${limit}s) $*" | tee -a "$log"
+  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | tee -a "$log"
+  return "${PIPESTATUS[0]}"
+}
+
+# record STEP RESULT DETAIL SECONDS: one row of the final table (PASS, FAIL, SKIP, TIMEOUT).
+record() {
+  local detail=${3//|//}
+  ROWS+=("| $1 | $2 | $detail | ${4}s |")
+  if [[ $2 == FAIL || $2 == TIMEOUT ]]; then ANY_FAILED=1; fi
+  echo "| $1 | $2 | $detail | ${4}s |" >>"$OUTDIR/summary.partial.md"
+  echo "==> $1: $2 - $detail (${4}s)"
+}
+
+# status_result RC: PASS, TIMEOUT or FAIL for a command's exit status.
+status_result() {
+  case $1 in
+    0) echo PASS ;;
+    124 | 137) echo TIMEOUT ;;
+    "$NO_BUDGET") echo TIMEOUT ;;
+    *) echo FAIL ;;
+  esac
+}
+
+banner() { printf '\n======== %s ========\n' "$1"; }
+
+# --- steps -----------------------------------------------------------------------------------
+
+step_env() {
+  banner "environment"
+  local log="$OUTDIR/env.log" t0
+  t0=$(now)
+  : >"$log"
+  {
+    echo "date -u: $(date -u)"
+    echo "host: $(uname -a)"
+    echo "repo: $REPO_ROOT, commit $COMMIT, $(git status --short 2>/dev/null | wc -l) changed files"
+    echo "outdir: $OUTDIR, budget ${BUDGET_S}s"
+  } | tee -a "$log"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    run_logged "$log" "$(step_limit 30)" nvidia-smi -L
+    run_logged "$log" "$(step_limit 30)" nvidia-smi \
+      --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+    # Only a real "name, driver" CSV row counts ("No devices were found" has no comma).
+    GPU_LINE=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader \
+      2>/dev/null | grep ',' | head -n 1)
+  else
+    echo "nvidia-smi: not found" | tee -a "$log"
+  fi
+  local tool
+  for tool in nvcc cmake ninja g++; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      echo "$tool: not found" | tee -a "$log"
+    elif [[ $tool == nvcc ]]; then
+      echo "nvcc: $(nvcc --version 2>&1 | grep -m1 release)" | tee -a "$log"
+    else
+      echo "$tool: $("$tool" --version 2>&1 | head -n 1)" | tee -a "$log"
+    fi
+  done
+  run_logged "$log" "$(step_limit 90)" python3 -c '
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("torch", "cuda.bindings", "cupy", "numpy"):
+    try:
+        mod = importlib.import_module(name)
+        version = getattr(mod, "__version__", "?")
+        if name == "torch":
+            version += " (CUDA %s, available: %s)" % (mod.version.cuda, mod.cuda.is_available())
+        print(name, version)
+    except Exception as exc:
+        print(name, "missing (%s: %s)" % (type(exc).__name__, exc))
+'
+  echo "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1' | sed 's/^[[:space:]]*//')" \
+    | tee -a "$log"
+  local versions
+  versions=$(grep -E '^(torch|cupy|cuda.bindings) ' "$log" | cut -d' ' -f1-2 | tr '\n' ' ')
+  if [[ -n $GPU_LINE ]] && [[ $GPU_LINE != "no GPU" ]]; then
+    record "environment" PASS "$GPU_LINE; $versions" $(($(now) - t0))
+  elif [[ ${VMMIPC_GPU_CHECK_ALLOW_NO_GPU:-0} == 1 ]]; then
+    GPU_LINE="no GPU"
+    record "environment" SKIP "no GPU visible (VMMIPC_GPU_CHECK_ALLOW_NO_GPU=1); $versions" \
+      $(($(now) - t0))
+  else
+    GPU_LINE="no GPU"
+    record "environment" FAIL "no GPU visible to nvidia-smi: nothing below is verified; $versions" \
+      $(($(now) - t0))
+  fi
+}
+
+CONFIGURED=0
+step_configure() {
+  banner "configure"
+  local log="$OUTDIR/configure.log" t0 rc
+  t0=$(now)
+  : >"$log"
+  local generator=()
+  if [[ ! -f $BUILD_DIR/CMakeCache.txt ]]; then  # an existing tree keeps its generator
+    if command -v ninja >/dev/null 2>&1; then
+      generator=(-G Ninja)
+    else
+      generator=(-G "Unix Makefiles")
+    fi
+  fi
+  run_logged "$log" "$(step_limit 120)" \
+    cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+  rc=$?
+  [[ $rc == 0 ]] && CONFIGURED=1
+  record "configure" "$(status_result $rc)" "cmake -B $BUILD_DIR Release (exit $rc)" \
+    $(($(now) - t0))
+}
+
+step_build() {
+  banner "build"
+  local log="$OUTDIR/build.log" t0 rc keep_going=()
+  t0=$(now)
+  : >"$log"
+  if [[ $CONFIGURED != 1 ]]; then
+    record "build" SKIP "not configured" 0
+    return
+  fi
+  # Keep going past a broken target so that the library and the GPU clients still get built.
+  case $(grep -m1 '^CMAKE_GENERATOR:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2) in
+    Ninja*) keep_going=(-- -k 0) ;;
+    *Makefiles*) keep_going=(-- -k) ;;
+  esac
+  run_logged "$log" "$(step_limit 300)" \
+    cmake --build "$BUILD_DIR" -j "$(nproc)" "${keep_going[@]}"
+  rc=$?
+  local built
+  built="libvmmipc.so: $([[ -f $LIB ]] && echo built || echo MISSING)"
+  built+=", cudart_ipc_client: "
+  built+=$([[ -x $BUILD_DIR/tests/gpu/cudart_ipc_client ]] && echo built || echo MISSING)
+  record "build" "$(status_result $rc)" "exit $rc; $built" $(($(now) - t0))
+}
+
+step_ctest() {
+  banner "ctest -L gpu"
+  local log="$OUTDIR/ctest-gpu.log" t0 rc
+  t0=$(now)
+  : >"$log"
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then
+    record "ctest -L gpu" SKIP "no build tree" 0
+    return
+  fi
+  # The Python check (label python) runs in its own step, with its baseline.
+  run_logged "$log" "$(step_limit 240)" env VMMIPC_LOG_LEVEL=info \
+    ctest --test-dir "$BUILD_DIR" -L gpu -LE python --output-on-failure --timeout 150 \
+    --no-tests=error --output-junit "$OUTDIR/ctest-gpu.xml"
+  rc=$?
+  # Passing tests print nothing above: keep ctest's full log, and show the clients' CHECK lines.
+  local last="$OUTDIR/ctest-gpu-LastTest.log"
+  if cp -f "$BUILD_DIR/Testing/Temporary/LastTest.log" "$last" 2>/dev/null; then
+    echo "-- CHECK lines of the GPU clients (full output: $last) --" | tee -a "$log"
+    grep -E '^(CHECK|RESULT|SKIP)' "$last" | head -n 120 | tee -a "$log"
+  fi
+  # Per-test lines: "1/3 Test #1: name ....   Passed 0.1 sec", "***Skipped", "***Failed", ...
+  local passed skipped failed names
+  passed=$(grep -cE ' Test +#[0-9]+: .* Passed ' "$log")
+  skipped=$(grep -cE ' Test +#[0-9]+: .*\*\*\*Skipped' "$log")
+  failed=$(grep -E ' Test +#[0-9]+: ' "$log" | grep -vE ' Passed |\*\*\*Skipped' -c)
+  names=$(grep -E ' Test +#[0-9]+: ' "$log" | grep -vE ' Passed ' \
+    | sed -E 's/.*Test +#[0-9]+: ([^ ]+) [ .]*(\*\*\*)?([A-Za-z][A-Za-z :]*[A-Za-z]).*/\1=\3/' \
+    | head -n 6 | tr '\n' ' ')
+  names=${names% }
+  local result
+  result=$(status_result $rc)
+  if [[ $result == PASS ]] && ((failed > 0)); then result=FAIL; fi
+  if [[ $result == PASS ]] && ((passed == 0)); then result=SKIP; fi
+  record "ctest -L gpu" "$result" \
+    "$passed passed, $failed failed, $skipped skipped${names:+: $names}; exit $rc" $(($(now) - t0))
+}
+
+step_python() {
+  banner "python: torch / cuda.bindings / CuPy (+ baseline)"
+  local log="$OUTDIR/python-check.log" t0 rc limit py_deadline
+  t0=$(now)
+  : >"$log"
+  if [[ ! -f $LIB ]]; then
+    record "python check" FAIL "not run: $LIB was not built" 0
+    return
+  fi
+  limit=$(step_limit 360)
+  py_deadline=$((limit > 40 ? limit - 20 : 20))  # the script winds down before timeout hits
+  run_logged "$log" "$limit" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
+    VMMIPC_CHECK_BASELINE=1 python3 tests/python/torch_ipc_check.py --deadline-s "$py_deadline"
+  rc=$?
+  # The script's own SUMMARY line has the counts; without it (killed), count the CHECK lines.
+  local counts fail result failed_names
+  counts=$(grep -m1 -oE '^SUMMARY torch_ipc_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' "$log" \
+    | cut -d' ' -f3-)
+  if [[ -z $counts ]]; then
+    counts="$(grep -c 'CHECK [^ ]* PASS' "$log") PASS, $(grep -c 'CHECK [^ ]* FAIL' "$log") FAIL,"
+    counts+=" $(grep -c 'CHECK [^ ]* SKIP' "$log") SKIP (no SUMMARY line)"
+  fi
+  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
+  result=$(status_result $rc)
+  if [[ $result == PASS ]] && grep -q '^SKIPPED:' "$log"; then result=SKIP; fi
+  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
+  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
+  failed_names=${failed_names% }
+  record "python check" "$result" \
+    "$counts${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+}
+
+# ---- BENCHMARK HOOK (placeholder) -----------------------------------------------------------
+# Runs tests/bench's Google Benchmark binary when it has been built. Adjust the binary name and
+# flags here when the benchmarks land; the JSON lands in OUTDIR/bench.json.
+step_bench() {
+  banner "benchmarks"
+  local log="$OUTDIR/bench.log" t0 rc bench="$BUILD_DIR/tests/bench/vmmipc_bench"
+  t0=$(now)
+  : >"$log"
+  if [[ ! -x $bench ]]; then
+    record "benchmarks" SKIP "$bench not built (placeholder hook)" 0
+    return
+  fi
+  local preload=()
+  if [[ ${VMMIPC_BENCH_PRELOAD:-1} == 1 && -f $LIB ]]; then preload=(LD_PRELOAD="$LIB"); fi
+  run_logged "$log" "$(step_limit 180)" env "${preload[@]}" "$bench" \
+    --benchmark_format=json --benchmark_out="$OUTDIR/bench.json" --benchmark_out_format=json \
+    --benchmark_repetitions="${VMMIPC_BENCH_REPETITIONS:-5}" --benchmark_report_aggregates_only=true
+  rc=$?
+  local count
+  count=$(python3 -c 'import json, sys
+runs = json.load(open(sys.argv[1])).get("benchmarks", [])
+print(sum(1 for r in runs if r.get("aggregate_name") == "median"))' "$OUTDIR/bench.json" \
+    2>/dev/null)
+  record "benchmarks" "$(status_result $rc)" "${count:-0} medians in bench.json (exit $rc)" \
+    $(($(now) - t0))
+}
+
+print_summary() {
+  local total=$(($(now) - START_S)) overall=PASS
+  ((ANY_FAILED)) && overall=FAIL
+  {
+    echo
+    echo "## vmmipc GPU check: $overall"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $GPU_LINE, commit $COMMIT, ${total}s; logs in $OUTDIR"
+    echo
+    echo "| step | result | detail | time |"
+    echo "| --- | --- | --- | --- |"
+    local row
+    for row in "${ROWS[@]}"; do echo "$row"; done
+  } | tee "$OUTDIR/summary.md"
+}
+
+# shellcheck disable=SC2317  # invoked by the trap below
+on_signal() {
+  record "interrupted" FAIL "signal received" 0
+  print_summary
+  exit 1
+}
+trap on_signal INT TERM
+
+# --- main ------------------------------------------------------------------------------------
+
+step_env
+step_configure
+step_build
+step_ctest
+step_python
+step_bench
+print_summary
+exit "$ANY_FAILED"
