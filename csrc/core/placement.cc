@@ -1,6 +1,8 @@
 // Import-zone reservation and chunk mapping through the real driver.
 #include "core/placement.h"
 
+#include <initializer_list>
+
 #include "common/log.h"
 #include "config/params.h"
 #include "driver/real_driver.h"

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <initializer_list>
 
 #if defined(__x86_64__)
 #define VMMIPC_GLIBC_BASE_VERSION "GLIBC_2.2.5"
