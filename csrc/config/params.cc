@@ -50,6 +50,10 @@ const char* Invalid(const Params& p, const char* name) {
     return "must be between 1 and 3600000";
   if (!strcmp(name, "VMMIPC_RANK") && (p.rank < -1 || p.rank > 0xFFFE))
     return "must be between 0 and 65534 (or -1 for unranked)";
+  if (!strcmp(name, "VMMIPC_ARENA_BASE") && p.arena_base % (2u << 20) != 0)
+    return "must be a multiple of 2 MiB";
+  if (!strcmp(name, "VMMIPC_ARENA_SIZE") && (p.arena_size == 0 || p.arena_size % (2u << 20) != 0))
+    return "must be a positive multiple of 2 MiB";
   if (!strcmp(name, "VMMIPC_CUDA_LIBRARY") && p.cuda_library.empty()) return "must not be empty";
   return nullptr;
 }

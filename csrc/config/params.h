@@ -33,6 +33,10 @@ struct Params {
   std::string socket_dir;
   std::string cuda_library;
   bool force_posix_fd = true;
+  bool arena = true;
+  uint64_t arena_base = 0;
+  uint64_t arena_size = 0;
+  bool stats = false;
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
   std::string rank_source = "none";
 };
