@@ -3,9 +3,12 @@
 // chunks of the run and their fds.
 #include <unistd.h>
 
+#include <chrono>
+
 #include "common/log.h"
 #include "common/status.h"
 #include "config/params.h"
+#include "core/export_arena.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/vmm_memory.h"
@@ -19,6 +22,27 @@ namespace {
 // unbounded stream of fds (64 Ki chunks of 2 MiB is already 128 GiB).
 constexpr size_t kMaxChunksPerRun = 65536;
 
+// Where an exporter address sits: the base importers mirror (the arena, or
+// the driver reservation) and the end of the reservation, where a run stops.
+struct ExportRegion {
+  uint64_t placement_base = 0;
+  uint64_t limit_end = 0;
+};
+
+CUresult ExportRegionOf(uint64_t address, ExportRegion* region) {
+  ArenaCarveInfo carve;
+  if (FindArenaCarve(address, &carve)) {
+    region->placement_base = carve.arena_base;
+    region->limit_end = carve.base + carve.size;
+    return CUDA_SUCCESS;
+  }
+  uint64_t base = 0, size = 0;
+  VMMIPC_RETURN_IF_ERROR(RegionOf(address, &base, &size));
+  region->placement_base = base;
+  region->limit_end = base + size;
+  return CUDA_SUCCESS;
+}
+
 transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail) {
   transport::ServeReply reply;
   reply.refuse = reason;
@@ -29,7 +53,21 @@ transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail)
 // Runs on the listener thread. It has no context of its own: use the one the
 // first export ran in (export itself works without one, measured, but the
 // range queries are not measured that way).
+transport::ServeReply ServeRun(const transport::ServeRequest& request);
+
 transport::ServeReply Serve(const transport::ServeRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  transport::ServeReply reply = ServeRun(request);
+  if (reply.refuse == transport::RefuseReason::kNone)
+    VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address,
+                     request.peer_pid, reply.chunks.size(),
+                     std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count());
+  return reply;
+}
+
+transport::ServeReply ServeRun(const transport::ServeRequest& request) {
   ProcessState& state = State();
   if (state.export_context != nullptr)
     (void)VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context));
@@ -44,10 +82,10 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
                               request.address, first.generation, request.generation));
-  uint64_t region_base = 0, region_size = 0;
-  if (RegionOf(request.address, &region_base, &region_size) != CUDA_SUCCESS)
+  ExportRegion region;
+  if (ExportRegionOf(request.address, &region) != CUDA_SUCCESS)
     return Refuse(transport::RefuseReason::kFreed, "the reservation is gone");
-  const uint64_t region_end = region_base + region_size;
+  const uint64_t region_end = region.limit_end;
 
   transport::ServeReply reply;
   ChunkInfo chunk = first;
@@ -127,8 +165,9 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
                     "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)", address);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  uint64_t region_base = 0, region_size = 0;
-  VMMIPC_RETURN_IF_ERROR(RegionOf(address, &region_base, &region_size));
+  ExportRegion region;
+  VMMIPC_RETURN_IF_ERROR(ExportRegionOf(address, &region));
+  const uint64_t region_base = region.placement_base;
 
   ProcessState& state = State();
   {

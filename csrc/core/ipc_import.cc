@@ -2,6 +2,7 @@
 // chunk fds from the exporter, map them at deterministic addresses) and
 // cuIpcCloseMemHandle (the last close unmaps). Foreign handles and pointers
 // go to the real driver unchanged.
+#include <chrono>
 #include <cinttypes>
 
 #include "common/log.h"
@@ -16,6 +17,11 @@
 
 namespace vmmipc::core {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+int64_t MicrosSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+}
 
 CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
                      bool v2) {
@@ -167,6 +173,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_SUCCESS;
   }
 
+  const auto fetch_start = Clock::now();
   const config::Params& params = config::Get();
   transport::FetchRequest request{h.pid, h.token, h.address, h.chunk_base, h.generation};
   transport::FetchResult fetched =
@@ -178,8 +185,12 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_MAP_FAILED;
   }
 
+  const int64_t fetch_us = MicrosSince(fetch_start);
+  const auto place_start = Clock::now();
   Placement placement;
   VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
+  const int64_t place_us = MicrosSince(place_start);
+  const auto map_start = Clock::now();
   const uint64_t run_base = fetched.chunks.front().address;
   const state::ExporterId exporter{h.pid, h.token};
   state::OpenRecord record;
@@ -211,8 +222,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   record.private_reservation_size = placement.private_size;
   state.imports.AddOpen(record);
   *pointer = record.pointer;
-  VMMIPC_LOG_DEBUG("opened 0x{:x} of pid {} at 0x{:x} ({} chunks, {} newly mapped)", h.address,
-                   h.pid, record.pointer, record.chunks.size(), mapped_now.size());
+  VMMIPC_LOG_DEBUG("opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
+                   "place {} us, map {} us", h.address, h.pid, record.pointer,
+                   record.chunks.size(), mapped_now.size(), fetch_us, place_us,
+                   MicrosSince(map_start));
   return CUDA_SUCCESS;
 }
 

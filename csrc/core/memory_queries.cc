@@ -8,6 +8,7 @@
 //    driver does for a legacy IPC mapping (the allocation).
 #include "common/log.h"
 #include "config/params.h"
+#include "core/export_arena.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/vmm_memory.h"
@@ -43,7 +44,14 @@ bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: {
       uint64_t base = 0, size = 0;
-      if (!ImportedRun(pointer, &base, &size)) return false;
+      ArenaCarveInfo carve;
+      if (FindArenaCarve(pointer, &carve)) {
+        // The driver sees one arena reservation; the program asked for this one.
+        base = carve.base;
+        size = carve.size;
+      } else if (!ImportedRun(pointer, &base, &size)) {
+        return false;
+      }
       if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
         *static_cast<CUdeviceptr*>(data) = base;
       else

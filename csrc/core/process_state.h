@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "state/arena_carver.h"
 #include "state/chunk_generations.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
@@ -16,6 +17,7 @@
 namespace vmmipc::core {
 
 enum class ZoneState { kUntried, kReserved, kUnavailable };
+enum class ArenaState { kUntried, kReserved, kUnavailable };
 
 struct ProcessState {
   uint32_t pid = 0;
@@ -28,6 +30,13 @@ struct ProcessState {
   std::unique_ptr<transport::Listener> listener;
   void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
   bool listener_failed = false;
+
+  // Export arena: this process's own reservations, carved from one region.
+  std::mutex arena_mutex;  // guards the members below
+  ArenaState arena_state = ArenaState::kUntried;
+  uint64_t arena_base = 0;
+  std::unique_ptr<state::ArenaCarver> arena;
+  bool arena_exhausted_warned = false;
 
   // Import side.
   std::mutex import_mutex;  // guards the members below

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include "common/log.h"
+#include "core/export_arena.h"
 #include "core/ipc.h"
 #include "driver/real_driver.h"
 #include "entry/hook_table.h"
@@ -68,6 +69,15 @@ VMMIPC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t 
 
 VMMIPC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   return Guard(__func__, [&] { return core::MemRelease(handle); });
+}
+
+VMMIPC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                           CUdeviceptr addr, unsigned long long flags) {
+  return Guard(__func__, [&] { return core::MemAddressReserve(ptr, size, alignment, addr, flags); });
+}
+
+VMMIPC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return Guard(__func__, [&] { return core::MemAddressFree(ptr, size); });
 }
 
 VMMIPC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,

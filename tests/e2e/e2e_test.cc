@@ -363,6 +363,100 @@ TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
   EXPECT_EQ(importer->Call("open " + future).substr(0, 7), "err 801");
 }
 
+// --- export arena -------------------------------------------------------------------------
+
+constexpr uint64_t kArenaBase = 0x200000000000ull;
+
+// A program with several reservations of different sizes and frees in
+// between; returns the addresses it got and the importer's address of the last.
+std::vector<uint64_t> ArenaWorkload(EndToEnd& t, PeerProcess& exporter, PeerProcess& importer) {
+  std::vector<uint64_t> seen;
+  seen.push_back(Num(Value(exporter.Call("alloc_vmm a " + Hex(kChunk) + " 3"))));
+  seen.push_back(Num(Value(exporter.Call("reserve " + Hex(64 * kChunk)))));
+  seen.push_back(Num(Value(exporter.Call("alloc_vmm b " + Hex(kChunk) + " 1"))));
+  EXPECT_EQ(exporter.Call("free_vmm a"), "ok");
+  seen.push_back(Num(Value(exporter.Call("alloc_vmm c " + Hex(kChunk) + " 2"))));  // reuses a's hole
+  seen.push_back(Num(Value(exporter.Call("reserve " + Hex(8 * kChunk) + " " + Hex(16 * kChunk)))));
+  EXPECT_EQ(exporter.Call("fill " + Hex(seen[3]) + " " + Hex(2 * kChunk) + " 30"), "ok");
+  std::string handle = Value(exporter.Call("get " + Hex(seen[3] + kChunk)));
+  seen.push_back(Num(Value(importer.Call("open " + handle))));
+  EXPECT_EQ(importer.Call("check " + Hex(seen.back()) + " " + Hex(kChunk) + " 30 " + Hex(kChunk)),
+            "ok");
+  return seen;
+}
+
+TEST_F(EndToEnd, ArenaGivesIdenticalOwnAndPeerAddressesInTwoFreshRuns) {
+  std::vector<uint64_t> runs[2];
+  for (auto& run : runs) {
+    auto exporter = Peer("4");
+    auto importer = Peer("1");
+    run = ArenaWorkload(*this, *exporter, *importer);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  // Carved in the program's order from the arena, holes reused first-fit.
+  EXPECT_EQ(runs[0][0], kArenaBase);
+  EXPECT_EQ(runs[0][1], kArenaBase + 3 * kChunk);
+  EXPECT_EQ(runs[0][2], kArenaBase + 67 * kChunk);
+  EXPECT_EQ(runs[0][3], kArenaBase);
+  EXPECT_EQ(runs[0][4], kArenaBase + 80 * kChunk);  // 16-chunk alignment
+  // The peer address mirrors the arena offset into rank 4's slot.
+  EXPECT_EQ(runs[0][5], kZoneBase + 4 * kSlotSize + 1 * kChunk);
+}
+
+TEST_F(EndToEnd, CarvedReservationsAnswerRangeAttributesThemselves) {
+  auto exporter = Peer("0");
+  uint64_t base = VmmBuffer(*exporter, "a", 2, 31);
+  ASSERT_EQ(base, kArenaBase);
+  EXPECT_EQ(exporter->Call("attr " + Hex(base + kChunk + 5) + " range"),
+            "ok " + Hex(base) + " " + Hex(2 * kChunk));
+  // The driver's own range query still reports the one mapping.
+  EXPECT_EQ(exporter->Call("range " + Hex(base + kChunk + 5)),
+            "ok " + Hex(base + kChunk) + " " + Hex(kChunk));
+}
+
+TEST_F(EndToEnd, ArenaFreesAreExactAndForeignFreesReachTheDriver) {
+  auto exporter = Peer("0");
+  uint64_t carve = Num(Value(exporter->Call("reserve " + Hex(4 * kChunk))));
+  ASSERT_EQ(carve, kArenaBase);
+  EXPECT_EQ(exporter->Call("address_free " + Hex(carve) + " " + Hex(2 * kChunk)).substr(0, 6),
+            "err 1 ");
+  EXPECT_EQ(exporter->Call("address_free " + Hex(carve + kChunk) + " " + Hex(kChunk))
+                .substr(0, 6),
+            "err 1 ");
+  EXPECT_EQ(exporter->Call("address_free " + Hex(carve) + " " + Hex(4 * kChunk)), "ok");
+  // Not the arena's: the driver answers (nothing is reserved there).
+  EXPECT_EQ(exporter->Call("address_free 0x7e0000000000 " + Hex(kChunk)).substr(0, 4), "err ");
+  // Reservations that ask for an address are the driver's.
+  EXPECT_EQ(Num(Value(exporter->Call("reserve " + Hex(4 * kChunk)))), kArenaBase);
+}
+
+TEST_F(EndToEnd, FullArenaFallsBackToTheDriverAndStillShares) {
+  // 64 MiB: smaller reservations ignore address hints (measured), so no smaller arena.
+  auto exporter = Peer("0", {{"VMMIPC_ARENA_SIZE", "64M"}});
+  auto importer = Peer("1");
+  uint64_t in_arena = Num(Value(exporter->Call("reserve " + Hex(31 * kChunk))));
+  EXPECT_EQ(in_arena, kArenaBase);
+  uint64_t outside = VmmBuffer(*exporter, "b", 2, 33);
+  EXPECT_TRUE(outside < kArenaBase || outside >= kArenaBase + (64ull << 20)) << Hex(outside);
+  std::string handle = Value(exporter->Call("get " + Hex(outside)));
+  uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(2 * kChunk) + " 33"), "ok");
+}
+
+TEST_F(EndToEnd, ArenaIsOffWhenDisabledUnrankedOrLargerThanASlot) {
+  for (auto env : std::vector<std::map<std::string, std::string>>{
+           {{"VMMIPC_ARENA", "0"}}, {{"VMMIPC_ARENA_SIZE", "2T"}}}) {
+    auto exporter = Peer("0", env);
+    uint64_t base = Num(Value(exporter->Call("reserve " + Hex(2 * kChunk))));
+    EXPECT_NE(base, 0u);
+    EXPECT_TRUE(base < kArenaBase || base >= kArenaBase + kSlotSize) << Hex(base);
+  }
+  auto unranked = Peer("");
+  uint64_t base = Num(Value(unranked->Call("reserve " + Hex(2 * kChunk))));
+  EXPECT_TRUE(base < kArenaBase || base >= kArenaBase + kSlotSize) << Hex(base);
+}
+
 // --- interposition ------------------------------------------------------------------------
 
 TEST_F(EndToEnd, DlsymRtldNextKeepsTheCallersSemantics) {

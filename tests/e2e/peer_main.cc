@@ -278,6 +278,15 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     return got == want ? "ok" : "err mmap";
   }
+  if (cmd == "reserve") {  // size [alignment]: a bare cuMemAddressReserve
+    CUdeviceptr p = 0;
+    CUresult r = cuMemAddressReserve(&p, Num(a.at(1)), a.size() > 2 ? Num(a[2]) : 0, 0, 0);
+    return r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
+  }
+  if (cmd == "address_free") {  // ptr size
+    CUresult r = cuMemAddressFree(Num(a.at(1)), Num(a.at(2)));
+    return r == CUDA_SUCCESS ? "ok" : Err(r);
+  }
   if (cmd == "stats") return Stats();
   if (cmd == "decode") {  // hex: the VMM2 fields, for the demo
     CUipcMemHandle raw = {};

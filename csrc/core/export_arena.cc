@@ -1,0 +1,119 @@
+// Export-arena reservation and carving through the real driver.
+#include "core/export_arena.h"
+
+#include "common/log.h"
+#include "config/params.h"
+#include "core/ipc.h"
+#include "core/process_state.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+namespace {
+
+// The driver's VMM granularity on the GPUs vmmipc targets (measured 2 MiB,
+// minimum and recommended): carves are aligned to at least this.
+constexpr uint64_t kGranularity = 2ull << 20;
+
+bool Overlaps(uint64_t a, uint64_t a_size, uint64_t b, uint64_t b_size) {
+  return a < b + b_size && b < a + a_size;
+}
+
+// Reserves the arena on first use. Caller holds arena_mutex.
+void EnsureArenaLocked(ProcessState& state) {
+  if (state.arena_state != ArenaState::kUntried) return;
+  state.arena_state = ArenaState::kUnavailable;
+  const config::Params& p = config::Get();
+  const uint64_t zone_size = static_cast<uint64_t>(p.zone_slots) * p.slot_size;
+  if (p.arena_size > p.slot_size) {
+    VMMIPC_LOG_ERROR("export arena off: VMMIPC_ARENA_SIZE (0x{:x}) is larger than "
+                     "VMMIPC_SLOT_SIZE (0x{:x}), so it could not mirror into one importer slot",
+                     p.arena_size, p.slot_size);
+    return;
+  }
+  for (uint64_t zone : {p.zone_base, p.zone_fallback_base}) {
+    if (zone != 0 && Overlaps(p.arena_base, p.arena_size, zone, zone_size)) {
+      VMMIPC_LOG_ERROR("export arena off: [0x{:x}, +0x{:x}) overlaps the import zone at 0x{:x}",
+                       p.arena_base, p.arena_size, zone);
+      return;
+    }
+  }
+  CUdeviceptr got = 0;
+  CUresult result = VMMIPC_REAL(MemAddressReserve, &got, p.arena_size, 0, p.arena_base, 0);
+  if (result != CUDA_SUCCESS || got != p.arena_base) {
+    // The address is only a hint to the driver: a moved arena is no arena.
+    if (result == CUDA_SUCCESS) (void)VMMIPC_REAL(MemAddressFree, got, p.arena_size);
+    VMMIPC_LOG_WARN("export arena off: cannot reserve 0x{:x} bytes at 0x{:x} ({}); this "
+                    "process's own addresses may differ between runs",
+                    p.arena_size, p.arena_base,
+                    result == CUDA_SUCCESS ? "the address is taken" : driver::ErrorName(result));
+    return;
+  }
+  state.arena_base = got;
+  state.arena = std::make_unique<state::ArenaCarver>(p.arena_size);
+  state.arena_state = ArenaState::kReserved;
+  VMMIPC_LOG_INFO("export arena at 0x{:x}: 0x{:x} bytes", got, p.arena_size);
+}
+
+bool ArenaApplies(const ProcessState& state, CUdeviceptr address, unsigned long long flags) {
+  return Active() && config::Get().arena && state.rank >= 0 && address == 0 && flags == 0;
+}
+
+}  // namespace
+
+CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment,
+                           CUdeviceptr address, unsigned long long flags) {
+  ProcessState& state = State();
+  const bool power_of_two = (alignment & (alignment - 1)) == 0;
+  if (pointer == nullptr || size == 0 || size % kGranularity != 0 || !power_of_two ||
+      !ArenaApplies(state, address, flags))
+    return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
+  {
+    std::lock_guard<std::mutex> lock(state.arena_mutex);
+    EnsureArenaLocked(state);
+    if (state.arena_state == ArenaState::kReserved) {
+      const uint64_t align = alignment > kGranularity ? alignment : kGranularity;
+      if (std::optional<uint64_t> offset = state.arena->Take(size, align)) {
+        *pointer = state.arena_base + *offset;
+        VMMIPC_LOG_DEBUG("arena: reserved 0x{:x} bytes at 0x{:x}", size, *pointer);
+        return CUDA_SUCCESS;
+      }
+      if (!state.arena_exhausted_warned) {
+        state.arena_exhausted_warned = true;
+        VMMIPC_LOG_WARN("export arena full (0x{:x} of 0x{:x} bytes used, 0x{:x} asked): this "
+                        "and later such reservations go to the driver and are not deterministic "
+                        "(raise VMMIPC_ARENA_SIZE and VMMIPC_SLOT_SIZE)",
+                        state.arena->used(), state.arena->size(), size);
+      }
+    }
+  }
+  return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
+}
+
+CUresult MemAddressFree(CUdeviceptr pointer, size_t size) {
+  ProcessState& state = State();
+  {
+    std::lock_guard<std::mutex> lock(state.arena_mutex);
+    if (state.arena_state == ArenaState::kReserved && pointer >= state.arena_base &&
+        pointer - state.arena_base < state.arena->size()) {
+      if (state.arena->Give(pointer - state.arena_base, size)) return CUDA_SUCCESS;
+      VMMIPC_LOG_WARN("cuMemAddressFree(0x{:x}, 0x{:x}): not a reservation of the export arena",
+                      pointer, size);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return VMMIPC_REAL(MemAddressFree, pointer, size);
+}
+
+bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info) {
+  ProcessState& state = State();
+  std::lock_guard<std::mutex> lock(state.arena_mutex);
+  if (state.arena_state != ArenaState::kReserved || address < state.arena_base) return false;
+  std::optional<state::Carve> carve = state.arena->Find(address - state.arena_base);
+  if (!carve) return false;
+  info->arena_base = state.arena_base;
+  info->base = state.arena_base + carve->offset;
+  info->size = carve->size;
+  return true;
+}
+
+}  // namespace vmmipc::core

@@ -1,0 +1,26 @@
+// The export arena: every cuMemAddressReserve that asks for no particular
+// address is carved from one fixed-address reservation, so a ranked process's
+// own VMM addresses (and their offsets from the region base that importers
+// mirror) are the same in every run. Small reservations ignore address hints
+// in the real driver (measured), so carving, not hinting, is the mechanism.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace vmmipc::core {
+
+CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment,
+                           CUdeviceptr address, unsigned long long flags);
+CUresult MemAddressFree(CUdeviceptr pointer, size_t size);
+
+struct ArenaCarveInfo {
+  uint64_t arena_base = 0;
+  uint64_t base = 0;  // the carved reservation holding the address
+  uint64_t size = 0;
+};
+// True when `address` lies in a carved reservation of the arena.
+bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info);
+
+}  // namespace vmmipc::core

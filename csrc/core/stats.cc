@@ -1,0 +1,155 @@
+// The counters behind VMMIPC_STATS: a zero-initialised array of atomics
+// (constant-initialised, so nothing runs at load time) and the exit report.
+#include "core/stats.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+
+#include "common/log.h"
+#include "config/params.h"
+#include "transport/chunk_grant.h"
+#include "transport/peer_client.h"
+
+namespace vmmipc::core::stats {
+namespace {
+
+constexpr int kCounterCount = static_cast<int>(Counter::kCount);
+
+std::atomic<uint64_t> g_counters[kCounterCount];  // zero: constant initialisation
+std::atomic<bool> g_exit_report_registered{false};
+
+constexpr const char* kNames[] = {
+#define VMMIPC_STATS_NAME(id, name) name,
+    VMMIPC_STATS_COUNTERS(VMMIPC_STATS_NAME)
+#undef VMMIPC_STATS_NAME
+};
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCounterCount);
+
+bool Valid(Counter counter) {
+  const int index = static_cast<int>(counter);
+  return index >= 0 && index < kCounterCount;
+}
+
+// "name=value" for every counter in [first, last], space separated; with
+// `only_nonzero`, zero counters are skipped and "none" stands for all zero.
+std::string Group(Counter first, Counter last, bool only_nonzero) {
+  std::string out;
+  for (int i = static_cast<int>(first); i <= static_cast<int>(last); ++i) {
+    const uint64_t value = g_counters[i].load(std::memory_order_relaxed);
+    if (only_nonzero && value == 0) continue;
+    if (!out.empty()) out += ' ';
+    out += fmt::format("{}={}", kNames[i], value);
+  }
+  return out.empty() ? std::string("none") : out;
+}
+
+std::string Bytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1ull << 20));
+  return fmt::format("{} B", bytes);
+}
+
+void ExitHandler() { WriteReport(); }
+
+}  // namespace
+
+void Count(Counter counter, uint64_t n) noexcept {
+  if (!Valid(counter)) return;
+  g_counters[static_cast<int>(counter)].fetch_add(n, std::memory_order_relaxed);
+}
+
+uint64_t Get(Counter counter) noexcept {
+  if (!Valid(counter)) return 0;
+  return g_counters[static_cast<int>(counter)].load(std::memory_order_relaxed);
+}
+
+const char* Name(Counter counter) noexcept {
+  return Valid(counter) ? kNames[static_cast<int>(counter)] : "unknown";
+}
+
+void CountFetchFailure(transport::FetchStatus status) noexcept {
+  using transport::FetchStatus;
+  switch (status) {
+    case FetchStatus::kOk: return;
+    case FetchStatus::kNoExporter: Count(Counter::kOpenFailedNoExporter); return;
+    case FetchStatus::kTimeout: Count(Counter::kOpenFailedTimeout); return;
+    case FetchStatus::kRefused: Count(Counter::kOpenFailedRefused); return;
+    case FetchStatus::kUnauthentic: Count(Counter::kOpenFailedUnauthentic); return;
+    case FetchStatus::kProtocolError: Count(Counter::kOpenFailedProtocol); return;
+    case FetchStatus::kNoResources: Count(Counter::kOpenFailedNoResources); return;
+  }
+  Count(Counter::kOpenFailedProtocol);  // a status this file does not know yet
+}
+
+void CountRefusal(transport::RefuseReason reason) noexcept {
+  using transport::RefuseReason;
+  switch (reason) {
+    case RefuseReason::kNone: return;
+    case RefuseReason::kBadToken: Count(Counter::kRefusedBadToken); return;
+    case RefuseReason::kWrongUser: Count(Counter::kRefusedWrongUser); return;
+    case RefuseReason::kNotExported: Count(Counter::kRefusedNotExported); return;
+    case RefuseReason::kFreed: Count(Counter::kRefusedFreed); return;
+    case RefuseReason::kExportFailed: Count(Counter::kRefusedExportFailed); return;
+    case RefuseReason::kTooManyChunks: Count(Counter::kRefusedTooManyChunks); return;
+    case RefuseReason::kInternal: Count(Counter::kRefusedInternal); return;
+    case RefuseReason::kBadRequest: Count(Counter::kRefusedBadRequest); return;
+  }
+  Count(Counter::kRefusedInternal);  // a reason this file does not know yet
+}
+
+std::string Format() {
+  std::string out = fmt::format("vmmipc {} stats at exit:\n", VMMIPC_VERSION_STRING);
+  out += "  export: " +
+         Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false) + "\n";
+  out += "  listener: " + Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
+         Group(Counter::kConnectionsDropped, Counter::kConnectionsDropped, false) +
+         "; refusals: " + Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true) +
+         "\n";
+  out += "  import: " + Group(Counter::kHandlesOpened, Counter::kPlacementsBestEffort, false) +
+         fmt::format(" (mapped {}, unmapped {})", Bytes(Get(Counter::kBytesMapped)),
+                     Bytes(Get(Counter::kBytesUnmapped))) +
+         "\n";
+  out += "  open failures: " +
+         Group(Counter::kOpenFailedNoExporter, Counter::kOpenFailedInvalid, true);
+  return out;
+}
+
+void WriteReport() noexcept {
+  try {
+    const std::string report = Format();
+    std::string_view rest(report);
+    while (!rest.empty()) {
+      const size_t end = rest.find('\n');
+      // kInfo through Write (not Log): shown whatever VMMIPC_LOG_LEVEL says,
+      // since VMMIPC_STATS=1 asked for it.
+      log::Write(log::Level::kInfo, rest.substr(0, end));
+      if (end == std::string_view::npos) break;
+      rest.remove_prefix(end + 1);
+    }
+  } catch (...) {
+    // Never let a report take the exiting process down.
+  }
+}
+
+void EnableExitReport() noexcept {
+  if (g_exit_report_registered.exchange(true, std::memory_order_acq_rel)) return;
+  if (std::atexit(ExitHandler) != 0) g_exit_report_registered.store(false);
+}
+
+void EnableExitReportIfConfigured() noexcept {
+  if (g_exit_report_registered.load(std::memory_order_acquire)) return;
+  try {
+    if (config::Get().stats) EnableExitReport();
+  } catch (...) {
+  }
+}
+
+void ResetAfterFork() noexcept { ResetForTesting(); }
+
+void ResetForTesting() noexcept {
+  for (auto& counter : g_counters) counter.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace vmmipc::core::stats

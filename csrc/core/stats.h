@@ -1,0 +1,100 @@
+// Process counters for VMMIPC_STATS=1: a fixed set of relaxed atomics that
+// the export, import and listener paths bump, and one block printed on stderr
+// at exit. Counting is a single atomic add and never allocates or logs; the
+// exit report is registered lazily (on first use of the library, never at
+// load time). This file owns the counters and the report, not the decisions
+// of when to count: those live with the code that does the work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vmmipc::transport {
+enum class FetchStatus;
+enum class RefuseReason : uint16_t;
+}  // namespace vmmipc::transport
+
+namespace vmmipc::core::stats {
+
+// X(enumerator, "name in the report")
+#define VMMIPC_STATS_COUNTERS(X)                                                     \
+  /* Exporter: cuIpcGetMemHandle on VMM memory. */                                 \
+  X(kHandlesExported, "handles_exported")                                          \
+  X(kExportRefusedNoPosixFd, "export_refused_no_posix_fd")                         \
+  X(kExportRefusedNoListener, "export_refused_no_listener")                        \
+  X(kExportRefusedOther, "export_refused_other")                                   \
+  /* Exporter: the listener. */                                                    \
+  X(kRequestsServed, "requests_served")                                            \
+  X(kChunksServed, "chunks_served")                                                \
+  X(kFdsSent, "fds_sent")                                                          \
+  X(kRefusedBadToken, "refused_bad_token")                                         \
+  X(kRefusedWrongUser, "refused_wrong_user")                                       \
+  X(kRefusedNotExported, "refused_not_exported")                                   \
+  X(kRefusedFreed, "refused_freed")                                                \
+  X(kRefusedExportFailed, "refused_export_failed")                                 \
+  X(kRefusedTooManyChunks, "refused_too_many_chunks")                              \
+  X(kRefusedInternal, "refused_internal")                                          \
+  X(kRefusedBadRequest, "refused_bad_request")                                     \
+  X(kConnectionsDropped, "connections_dropped")                                    \
+  /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */                        \
+  X(kHandlesOpened, "handles_opened")                                              \
+  X(kReopens, "reopens")                                                           \
+  X(kCloses, "closes")                                                             \
+  X(kFdsReceived, "fds_received")                                                  \
+  X(kChunksMapped, "chunks_mapped")                                                \
+  X(kBytesMapped, "bytes_mapped")                                                  \
+  X(kChunksUnmapped, "chunks_unmapped")                                            \
+  X(kBytesUnmapped, "bytes_unmapped")                                              \
+  X(kPlacementsBestEffort, "placements_best_effort")                               \
+  /* Importer: why an open of a VMM2 handle failed. */                             \
+  X(kOpenFailedNoExporter, "open_failed_no_exporter")                              \
+  X(kOpenFailedTimeout, "open_failed_timeout")                                     \
+  X(kOpenFailedRefused, "open_failed_refused")                                     \
+  X(kOpenFailedUnauthentic, "open_failed_unauthentic")                             \
+  X(kOpenFailedProtocol, "open_failed_protocol")                                   \
+  X(kOpenFailedNoResources, "open_failed_no_resources")                            \
+  X(kOpenFailedMap, "open_failed_map")                                             \
+  X(kOpenFailedBadHandle, "open_failed_bad_handle")                                \
+  X(kOpenFailedInvalid, "open_failed_invalid")
+
+enum class Counter : int {
+#define VMMIPC_STATS_ENUM(id, name) id,
+  VMMIPC_STATS_COUNTERS(VMMIPC_STATS_ENUM)
+#undef VMMIPC_STATS_ENUM
+      kCount
+};
+
+// Adds `n` to a counter: one relaxed atomic add, safe from any thread.
+void Count(Counter counter, uint64_t n = 1) noexcept;
+uint64_t Get(Counter counter) noexcept;
+// The counter's name in the report, e.g. "handles_exported".
+const char* Name(Counter counter) noexcept;
+
+// Helpers for the two places where a cause arrives as an enum.
+// A failed fetch (status != kOk), and with kRefused also the reason: counts
+// the matching open_failed_* counter.
+void CountFetchFailure(transport::FetchStatus status) noexcept;
+// A refusal sent by this process's listener: counts the matching refused_*.
+void CountRefusal(transport::RefuseReason reason) noexcept;
+
+// The report: a few lines (no trailing newline, no log prefix), grouped as
+// export / listener / import / failures; zero failure counters are left out.
+std::string Format();
+
+// When VMMIPC_STATS=1, registers (once per process) an atexit handler that
+// writes Format() to stderr through the logger, one prefixed line each, at a
+// level shown whatever VMMIPC_LOG_LEVEL says. Call from first-use paths
+// (creation of the process state), never from a load-time constructor.
+void EnableExitReportIfConfigured() noexcept;
+// The same without looking at the configuration (tests).
+void EnableExitReport() noexcept;
+// Writes the report now (what the exit handler does).
+void WriteReport() noexcept;
+
+// A forked child starts from zero: its report then covers only its own work.
+// The exit handler, if registered, stays registered in the child.
+void ResetAfterFork() noexcept;
+// Zeroes every counter (tests).
+void ResetForTesting() noexcept;
+
+}  // namespace vmmipc::core::stats
