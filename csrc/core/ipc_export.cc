@@ -68,59 +68,69 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
 }
 
 transport::ServeReply ServeRun(const transport::ServeRequest& request) {
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point from) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - from).count();
+  };
+  const auto start = Clock::now();
   ProcessState& state = State();
-  if (state.export_context != nullptr)
-    (void)VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context));
+  // The listener thread has no context of its own: give it the one the first
+  // export ran in, once (export works without one, measured, but the range
+  // queries were not measured that way).
+  static thread_local bool context_set = false;
+  if (!context_set && state.export_context != nullptr) {
+    context_set = VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context)) ==
+                  CUDA_SUCCESS;
+  }
 
-  ChunkInfo first;
-  if (DescribeChunk(request.address, &first) != CUDA_SUCCESS)
+  RetainedChunk chunk;
+  if (chunk.Retain(request.address) != CUDA_SUCCESS)
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("0x{:x} is no longer mapped VMM memory", request.address));
-  if (first.base != request.chunk_base ||
-      first.generation != static_cast<uint32_t>(request.generation))
+  if (chunk.info().base != request.chunk_base ||
+      chunk.info().generation != static_cast<uint32_t>(request.generation))
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
-                              request.address, first.generation, request.generation));
+                              request.address, chunk.info().generation, request.generation));
   ExportRegion region;
   if (ExportRegionOf(request.address, &region) != CUDA_SUCCESS)
     return Refuse(transport::RefuseReason::kFreed, "the reservation is gone");
-  const uint64_t region_end = region.limit_end;
 
+  const auto loop_start = Clock::now();
+  const int64_t first_us = us(start);
   transport::ServeReply reply;
-  ChunkInfo chunk = first;
+  const uint64_t run_base = chunk.info().base;
   for (;;) {
-    if (!chunk.posix_fd_exportable)
+    const ChunkInfo& info = chunk.info();
+    if (!info.posix_fd_exportable)
       return Refuse(transport::RefuseReason::kExportFailed,
-                    fmt::format("chunk 0x{:x} was created without POSIX fd export", chunk.base));
-    CUmemGenericAllocationHandle handle = 0;
-    if (VMMIPC_REAL(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(chunk.base)) !=
-        CUDA_SUCCESS)
-      return Refuse(transport::RefuseReason::kFreed,
-                    fmt::format("chunk 0x{:x} vanished while serving", chunk.base));
+                    fmt::format("chunk 0x{:x} was created without POSIX fd export", info.base));
     int fd = -1;
-    CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &fd, handle,
-                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    (void)VMMIPC_REAL(MemRelease, handle);
+    const CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &fd, chunk.handle(),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (exported != CUDA_SUCCESS)
       return Refuse(transport::RefuseReason::kExportFailed,
-                    fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", chunk.base,
+                    fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", info.base,
                                 driver::ErrorName(exported)));
     transport::ChunkGrant grant;
     grant.fd.Reset(fd);
-    grant.address = chunk.base;
-    grant.size = chunk.size;
-    grant.generation = chunk.generation;
+    grant.address = info.base;
+    grant.size = info.size;
+    grant.generation = info.generation;
     reply.chunks.push_back(std::move(grant));
     if (reply.chunks.size() > kMaxChunksPerRun)
       return Refuse(transport::RefuseReason::kTooManyChunks,
-                    fmt::format("the run from 0x{:x} has more than {} chunks", first.base,
+                    fmt::format("the run from 0x{:x} has more than {} chunks", run_base,
                                 kMaxChunksPerRun));
     // The run goes on while the next address is mapped in the same reservation.
-    const uint64_t next = chunk.base + chunk.size;
-    if (next >= region_end || DescribeChunk(next, &chunk) != CUDA_SUCCESS || chunk.base != next)
+    const uint64_t next = info.base + info.size;
+    if (next >= region.limit_end || chunk.Retain(next) != CUDA_SUCCESS ||
+        chunk.info().base != next)
       break;
   }
+  VMMIPC_LOG_DEBUG("serve phases: context, first chunk and region {} us; {} chunks exported in "
+                   "{} us", first_us, reply.chunks.size(), us(loop_start));
   return reply;
 }
 

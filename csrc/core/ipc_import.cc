@@ -207,6 +207,16 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     if (result != CUDA_SUCCESS) break;
     mapped_now.push_back(mapped);
   }
+  // One cuMemSetAccess per contiguous stretch of new chunks.
+  for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
+    size_t j = i + 1;
+    while (j < mapped_now.size() &&
+           mapped_now[j].target == mapped_now[j - 1].target + mapped_now[j - 1].size)
+      ++j;
+    const uint64_t end = mapped_now[j - 1].target + mapped_now[j - 1].size;
+    result = OpenAccess(mapped_now[i].target, end - mapped_now[i].target, device);
+    i = j;
+  }
   if (result != CUDA_SUCCESS) {
     for (const auto& chunk : mapped_now) UnmapChunk(chunk.target, chunk.size);
     if (placement.private_reservation != 0)

@@ -64,33 +64,30 @@ void FreeReservation(uint64_t base, uint64_t size) {
 }
 
 CUresult MapChunk(int fd, uint64_t target, uint64_t size) {
-  CUdevice device = 0;
-  VMMIPC_CU_CHECK(CtxGetDevice, &device);
   CUmemGenericAllocationHandle handle = 0;
   // The driver does not take the fd (measured); the caller closes it.
   VMMIPC_CU_CHECK(MemImportFromShareableHandle, &handle,
                   reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  CUresult result = VMMIPC_REAL(MemMap, target, size, 0, handle, 0);
+  const CUresult result = VMMIPC_REAL(MemMap, target, size, 0, handle, 0);
   // The mapping keeps the memory alive after the handle is released (measured).
   (void)VMMIPC_REAL(MemRelease, handle);
-  if (result != CUDA_SUCCESS) {
+  if (result != CUDA_SUCCESS)
     VMMIPC_LOG_WARN("cuMemMap(0x{:x}, 0x{:x}) of an imported chunk failed: {}", target, size,
                     driver::ErrorName(result));
-    return result;
-  }
+  return result;
+}
+
+CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device) {
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  result = VMMIPC_REAL(MemSetAccess, target, size, &access, 1);
-  if (result != CUDA_SUCCESS) {
+  const CUresult result = VMMIPC_REAL(MemSetAccess, target, size, &access, 1);
+  if (result != CUDA_SUCCESS)
     VMMIPC_LOG_WARN("cuMemSetAccess(0x{:x}, 0x{:x}, device {}) failed: {}", target, size, device,
                     driver::ErrorName(result));
-    (void)VMMIPC_REAL(MemUnmap, target, size);
-    return result;
-  }
-  return CUDA_SUCCESS;
+  return result;
 }
 
 void UnmapChunk(uint64_t target, uint64_t size) {

@@ -19,9 +19,12 @@ void EnsureZoneLocked(ProcessState& state);
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base);
 void FreeReservation(uint64_t base, uint64_t size);
 
-// Maps one imported chunk (from its fd) at `target` and opens it for the
-// current device. On failure nothing stays mapped.
+// Maps one imported chunk (from its fd) at `target`, not yet accessible.
+// On failure nothing stays mapped.
 CUresult MapChunk(int fd, uint64_t target, uint64_t size);
+// Opens [target, target + size), one or more mapped chunks back to back, for
+// `device` with one driver call (cuMemSetAccess costs per call, not per chunk).
+CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device);
 void UnmapChunk(uint64_t target, uint64_t size);
 
 }  // namespace vmmipc::core

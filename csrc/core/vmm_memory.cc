@@ -2,33 +2,50 @@
 #include "core/vmm_memory.h"
 
 #include "common/log.h"
+#include "common/status.h"
 #include "core/process_state.h"
 #include "driver/real_driver.h"
 
 namespace vmmipc::core {
 
-CUresult DescribeChunk(uint64_t address, ChunkInfo* info) {
+CUresult RetainedChunk::Retain(uint64_t address) {
+  Reset();
   // cuMemRetainAllocationHandle is the driver's own test for "VMM memory":
   // it fails on cuMemAlloc memory and on reserved-but-unmapped space (measured).
-  CUmemGenericAllocationHandle handle = 0;
-  if (VMMIPC_REAL(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(address)) !=
+  if (VMMIPC_REAL(MemRetainAllocationHandle, &handle_, reinterpret_cast<void*>(address)) !=
       CUDA_SUCCESS)
     return CUDA_ERROR_INVALID_VALUE;
+  held_ = true;
   CUmemAllocationProp prop = {};
-  CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle);
-  info->generation = State().generations.GetOrAssign(handle);
-  // The retain took a reference; give it back whatever happens next.
-  (void)VMMIPC_REAL(MemRelease, handle);
-  info->posix_fd_exportable =
+  const CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle_);
+  info_.generation = State().generations.GetOrAssign(handle_);
+  info_.posix_fd_exportable =
       props == CUDA_SUCCESS &&
       (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
   CUdeviceptr base = 0;
   size_t size = 0;
   // On VMM memory this is the one mapping (the chunk), not the reservation.
-  if (VMMIPC_REAL(MemGetAddressRange, &base, &size, address) != CUDA_SUCCESS || size == 0)
+  if (VMMIPC_REAL(MemGetAddressRange, &base, &size, address) != CUDA_SUCCESS || size == 0) {
+    Reset();
     return CUDA_ERROR_INVALID_VALUE;
-  info->base = base;
-  info->size = size;
+  }
+  info_.base = base;
+  info_.size = size;
+  return CUDA_SUCCESS;
+}
+
+void RetainedChunk::Reset() {
+  // The retain took a reference on the allocation: give it back.
+  if (held_) (void)VMMIPC_REAL(MemRelease, handle_);
+  held_ = false;
+  handle_ = 0;
+  info_ = ChunkInfo();
+}
+
+CUresult DescribeChunk(uint64_t address, ChunkInfo* info) {
+  RetainedChunk chunk;
+  VMMIPC_RETURN_IF_ERROR(chunk.Retain(address));
+  *info = chunk.info();
   return CUDA_SUCCESS;
 }
 

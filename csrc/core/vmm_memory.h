@@ -19,6 +19,27 @@ struct ChunkInfo {
   bool posix_fd_exportable = false;
 };
 
+// The chunk at an address with its allocation handle retained, released on
+// destruction: one retain serves the description and the export.
+class RetainedChunk {
+ public:
+  RetainedChunk() = default;
+  RetainedChunk(const RetainedChunk&) = delete;
+  RetainedChunk& operator=(const RetainedChunk&) = delete;
+  ~RetainedChunk() { Reset(); }
+  // Retains and describes the chunk at `address`; CUDA_ERROR_INVALID_VALUE
+  // (not logged) when the address is not mapped VMM memory.
+  CUresult Retain(uint64_t address);
+  void Reset();
+  const ChunkInfo& info() const { return info_; }
+  CUmemGenericAllocationHandle handle() const { return handle_; }
+
+ private:
+  ChunkInfo info_;
+  CUmemGenericAllocationHandle handle_ = 0;
+  bool held_ = false;
+};
+
 // Describes the VMM chunk at `address`. Returns CUDA_ERROR_INVALID_VALUE,
 // without logging, when the address is not VMM memory (legacy memory,
 // unmapped, unknown): callers then keep the driver's own answer.
