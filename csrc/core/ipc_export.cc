@@ -11,6 +11,7 @@
 #include "core/export_arena.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
+#include "core/stats.h"
 #include "core/vmm_memory.h"
 #include "driver/real_driver.h"
 #include "state/handle_codec.h"
@@ -58,6 +59,14 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request);
 transport::ServeReply Serve(const transport::ServeRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   transport::ServeReply reply = ServeRun(request);
+  if (reply.refuse != transport::RefuseReason::kNone) {
+    stats::CountRefusal(reply.refuse);
+    reply.chunks.clear();  // nothing of a refused request is sent
+  } else {
+    stats::Count(stats::Counter::kRequestsServed);
+    stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
+    stats::Count(stats::Counter::kFdsSent, reply.chunks.size());
+  }
   if (reply.refuse == transport::RefuseReason::kNone)
     VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address,
                      request.peer_pid, reply.chunks.size(),
@@ -170,19 +179,26 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   ChunkInfo chunk;
   if (DescribeChunk(address, &chunk) != CUDA_SUCCESS) return legacy;  // not VMM memory either
   if (!chunk.posix_fd_exportable) {
+    stats::Count(stats::Counter::kExportRefusedNoPosixFd);
     VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): VMM memory created without "
                     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared (created before "
                     "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)", address);
     return CUDA_ERROR_INVALID_VALUE;
   }
   ExportRegion region;
-  VMMIPC_RETURN_IF_ERROR(ExportRegionOf(address, &region));
+  if (ExportRegionOf(address, &region) != CUDA_SUCCESS) {
+    stats::Count(stats::Counter::kExportRefusedOther);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   const uint64_t region_base = region.placement_base;
 
   ProcessState& state = State();
   {
     std::lock_guard<std::mutex> lock(state.export_mutex);
-    VMMIPC_RETURN_IF_ERROR(EnsureListenerLocked(state));
+    if (const CUresult started = EnsureListenerLocked(state); started != CUDA_SUCCESS) {
+      stats::Count(stats::Counter::kExportRefusedNoListener);
+      return started;
+    }
   }
   state::Vmm2Handle handle;
   handle.rank_slot = state.rank >= 0 ? static_cast<uint16_t>(state.rank) : state::kUnranked;
@@ -194,6 +210,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   handle.chunk_base = chunk.base;
   handle.region_base = region_base;
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
+  stats::Count(stats::Counter::kHandlesExported);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -11,6 +11,7 @@
 #include "core/ipc.h"
 #include "core/placement.h"
 #include "core/process_state.h"
+#include "core/stats.h"
 #include "driver/real_driver.h"
 #include "state/handle_codec.h"
 #include "transport/peer_client.h"
@@ -30,6 +31,7 @@ CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigne
 }
 
 CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
+  stats::CountFetchFailure(fetched.status);
   using transport::FetchStatus;
   using transport::RefuseReason;
   CUresult code = CUDA_ERROR_MAP_FAILED;
@@ -119,6 +121,7 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   else
     VMMIPC_LOG_WARN("placing 0x{:x} bytes from pid {} (rank {}) best-effort, not at a "
                     "deterministic address: {}", run_size, h.pid, h.rank_slot, why_not);
+  stats::Count(stats::Counter::kPlacementsBestEffort);
   VMMIPC_RETURN_IF_ERROR(ReserveAnywhere(run_size, &placement->private_reservation));
   placement->private_size = run_size;
   placement->run_target = placement->private_reservation;
@@ -141,14 +144,18 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       VMMIPC_LOG_DEBUG("handle has the VMM2 magic but a bad checksum; passing it to the driver");
       return ForwardOpen(pointer, raw, flags, v2);
     case state::DecodeStatus::kUnknownVersion:
+      stats::Count(stats::Counter::kOpenFailedBadHandle);
       VMMIPC_LOG_ERROR("cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
                        "vmmipc (knows version {}); use the same vmmipc in every process",
                        bytes[4], state::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
     case state::DecodeStatus::kMalformed:
+      stats::Count(stats::Counter::kOpenFailedBadHandle);
       VMMIPC_LOG_WARN("cuIpcOpenMemHandle: malformed VMM2 handle (fields contradict)");
       return CUDA_ERROR_INVALID_VALUE;
   }
+  if (pointer == nullptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    stats::Count(stats::Counter::kOpenFailedInvalid);
   if (pointer == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
     VMMIPC_LOG_WARN("cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
@@ -169,6 +176,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   std::lock_guard<std::mutex> lock(state.import_mutex);
   const state::OpenKey key{{h.pid, h.token}, h.address, h.generation, h.region_base, h.rank_slot};
   if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
+    stats::Count(stats::Counter::kReopens);
     *pointer = *again;
     return CUDA_SUCCESS;
   }
@@ -179,7 +187,9 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   transport::FetchResult fetched =
       transport::FetchChunks(request, {params.socket_dir, static_cast<int>(params.timeout_ms)});
   if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
+  stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
+    stats::Count(stats::Counter::kOpenFailedProtocol);
     VMMIPC_LOG_WARN("cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
                     "match the handle (chunk 0x{:x}+0x{:x})", h.pid, h.chunk_base, h.chunk_size);
     return CUDA_ERROR_MAP_FAILED;
@@ -218,12 +228,18 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     i = j;
   }
   if (result != CUDA_SUCCESS) {
+    stats::Count(stats::Counter::kOpenFailedMap);
     for (const auto& chunk : mapped_now) UnmapChunk(chunk.target, chunk.size);
     if (placement.private_reservation != 0)
       FreeReservation(placement.private_reservation, placement.private_size);
     return result;
   }
-  for (const auto& chunk : mapped_now) state.imports.AddChunk(chunk);
+  for (const auto& chunk : mapped_now) {
+    state.imports.AddChunk(chunk);
+    stats::Count(stats::Counter::kChunksMapped);
+    stats::Count(stats::Counter::kBytesMapped, chunk.size);
+  }
+  stats::Count(stats::Counter::kHandlesOpened);
   record.key = key;
   record.pointer = placement.run_target + (h.address - run_base);
   record.run_base = placement.run_target;
@@ -247,7 +263,12 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     closed = state.imports.Close(pointer);
     if (closed.ours) {
-      for (const auto& chunk : closed.to_unmap) UnmapChunk(chunk.target, chunk.size);
+      stats::Count(stats::Counter::kCloses);
+      for (const auto& chunk : closed.to_unmap) {
+        UnmapChunk(chunk.target, chunk.size);
+        stats::Count(stats::Counter::kChunksUnmapped);
+        stats::Count(stats::Counter::kBytesUnmapped, chunk.size);
+      }
       if (closed.free_reservation != 0)
         FreeReservation(closed.free_reservation, closed.free_reservation_size);
     }

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/stats.h"
 
 namespace vmmipc::core {
 namespace {
@@ -36,6 +37,7 @@ ProcessState* Create() {
   state->pid = static_cast<uint32_t>(getpid());
   state->token = NewToken();
   state->rank = static_cast<int32_t>(params.rank);
+  stats::EnableExitReportIfConfigured();
   return state;
 }
 
@@ -44,6 +46,7 @@ ProcessState* Create() {
 // leak the old state rather than touch locks that may be held.
 void AfterForkInChild() {
   log::ResetAfterFork();
+  stats::ResetAfterFork();
   ProcessState* old = g_state.load(std::memory_order_relaxed);
   if (old != nullptr && old->listener) {
     old->listener->AbandonAfterFork();

@@ -46,8 +46,10 @@ std::string Group(Counter first, Counter last, bool only_nonzero) {
 }
 
 std::string Bytes(uint64_t bytes) {
-  if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ull << 30));
-  if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1ull << 20));
+  if (bytes >= (1ull << 30))
+    return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 20))
+    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1ull << 20));
   return fmt::format("{} B", bytes);
 }
 
@@ -72,13 +74,26 @@ const char* Name(Counter counter) noexcept {
 void CountFetchFailure(transport::FetchStatus status) noexcept {
   using transport::FetchStatus;
   switch (status) {
-    case FetchStatus::kOk: return;
-    case FetchStatus::kNoExporter: Count(Counter::kOpenFailedNoExporter); return;
-    case FetchStatus::kTimeout: Count(Counter::kOpenFailedTimeout); return;
-    case FetchStatus::kRefused: Count(Counter::kOpenFailedRefused); return;
-    case FetchStatus::kUnauthentic: Count(Counter::kOpenFailedUnauthentic); return;
-    case FetchStatus::kProtocolError: Count(Counter::kOpenFailedProtocol); return;
-    case FetchStatus::kNoResources: Count(Counter::kOpenFailedNoResources); return;
+    case FetchStatus::kOk:
+      return;
+    case FetchStatus::kNoExporter:
+      Count(Counter::kOpenFailedNoExporter);
+      return;
+    case FetchStatus::kTimeout:
+      Count(Counter::kOpenFailedTimeout);
+      return;
+    case FetchStatus::kRefused:
+      Count(Counter::kOpenFailedRefused);
+      return;
+    case FetchStatus::kUnauthentic:
+      Count(Counter::kOpenFailedUnauthentic);
+      return;
+    case FetchStatus::kProtocolError:
+      Count(Counter::kOpenFailedProtocol);
+      return;
+    case FetchStatus::kNoResources:
+      Count(Counter::kOpenFailedNoResources);
+      return;
   }
   Count(Counter::kOpenFailedProtocol);  // a status this file does not know yet
 }
@@ -86,23 +101,40 @@ void CountFetchFailure(transport::FetchStatus status) noexcept {
 void CountRefusal(transport::RefuseReason reason) noexcept {
   using transport::RefuseReason;
   switch (reason) {
-    case RefuseReason::kNone: return;
-    case RefuseReason::kBadToken: Count(Counter::kRefusedBadToken); return;
-    case RefuseReason::kWrongUser: Count(Counter::kRefusedWrongUser); return;
-    case RefuseReason::kNotExported: Count(Counter::kRefusedNotExported); return;
-    case RefuseReason::kFreed: Count(Counter::kRefusedFreed); return;
-    case RefuseReason::kExportFailed: Count(Counter::kRefusedExportFailed); return;
-    case RefuseReason::kTooManyChunks: Count(Counter::kRefusedTooManyChunks); return;
-    case RefuseReason::kInternal: Count(Counter::kRefusedInternal); return;
-    case RefuseReason::kBadRequest: Count(Counter::kRefusedBadRequest); return;
+    case RefuseReason::kNone:
+      return;
+    case RefuseReason::kBadToken:
+      Count(Counter::kRefusedBadToken);
+      return;
+    case RefuseReason::kWrongUser:
+      Count(Counter::kRefusedWrongUser);
+      return;
+    case RefuseReason::kNotExported:
+      Count(Counter::kRefusedNotExported);
+      return;
+    case RefuseReason::kFreed:
+      Count(Counter::kRefusedFreed);
+      return;
+    case RefuseReason::kExportFailed:
+      Count(Counter::kRefusedExportFailed);
+      return;
+    case RefuseReason::kTooManyChunks:
+      Count(Counter::kRefusedTooManyChunks);
+      return;
+    case RefuseReason::kInternal:
+      Count(Counter::kRefusedInternal);
+      return;
+    case RefuseReason::kBadRequest:
+      Count(Counter::kRefusedBadRequest);
+      return;
   }
   Count(Counter::kRefusedInternal);  // a reason this file does not know yet
 }
 
 std::string Format() {
   std::string out = fmt::format("vmmipc {} stats at exit:\n", VMMIPC_VERSION_STRING);
-  out += "  export: " +
-         Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false) + "\n";
+  out +=
+      "  export: " + Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false) + "\n";
   out += "  listener: " + Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
          Group(Counter::kConnectionsDropped, Counter::kConnectionsDropped, false) +
          "; refusals: " + Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true) +

@@ -17,44 +17,44 @@ enum class RefuseReason : uint16_t;
 namespace vmmipc::core::stats {
 
 // X(enumerator, "name in the report")
-#define VMMIPC_STATS_COUNTERS(X)                                                     \
-  /* Exporter: cuIpcGetMemHandle on VMM memory. */                                 \
-  X(kHandlesExported, "handles_exported")                                          \
-  X(kExportRefusedNoPosixFd, "export_refused_no_posix_fd")                         \
-  X(kExportRefusedNoListener, "export_refused_no_listener")                        \
-  X(kExportRefusedOther, "export_refused_other")                                   \
-  /* Exporter: the listener. */                                                    \
-  X(kRequestsServed, "requests_served")                                            \
-  X(kChunksServed, "chunks_served")                                                \
-  X(kFdsSent, "fds_sent")                                                          \
-  X(kRefusedBadToken, "refused_bad_token")                                         \
-  X(kRefusedWrongUser, "refused_wrong_user")                                       \
-  X(kRefusedNotExported, "refused_not_exported")                                   \
-  X(kRefusedFreed, "refused_freed")                                                \
-  X(kRefusedExportFailed, "refused_export_failed")                                 \
-  X(kRefusedTooManyChunks, "refused_too_many_chunks")                              \
-  X(kRefusedInternal, "refused_internal")                                          \
-  X(kRefusedBadRequest, "refused_bad_request")                                     \
-  X(kConnectionsDropped, "connections_dropped")                                    \
-  /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */                        \
-  X(kHandlesOpened, "handles_opened")                                              \
-  X(kReopens, "reopens")                                                           \
-  X(kCloses, "closes")                                                             \
-  X(kFdsReceived, "fds_received")                                                  \
-  X(kChunksMapped, "chunks_mapped")                                                \
-  X(kBytesMapped, "bytes_mapped")                                                  \
-  X(kChunksUnmapped, "chunks_unmapped")                                            \
-  X(kBytesUnmapped, "bytes_unmapped")                                              \
-  X(kPlacementsBestEffort, "placements_best_effort")                               \
-  /* Importer: why an open of a VMM2 handle failed. */                             \
-  X(kOpenFailedNoExporter, "open_failed_no_exporter")                              \
-  X(kOpenFailedTimeout, "open_failed_timeout")                                     \
-  X(kOpenFailedRefused, "open_failed_refused")                                     \
-  X(kOpenFailedUnauthentic, "open_failed_unauthentic")                             \
-  X(kOpenFailedProtocol, "open_failed_protocol")                                   \
-  X(kOpenFailedNoResources, "open_failed_no_resources")                            \
-  X(kOpenFailedMap, "open_failed_map")                                             \
-  X(kOpenFailedBadHandle, "open_failed_bad_handle")                                \
+#define VMMIPC_STATS_COUNTERS(X)                            \
+  /* Exporter: cuIpcGetMemHandle on VMM memory. */          \
+  X(kHandlesExported, "handles_exported")                   \
+  X(kExportRefusedNoPosixFd, "export_refused_no_posix_fd")  \
+  X(kExportRefusedNoListener, "export_refused_no_listener") \
+  X(kExportRefusedOther, "export_refused_other")            \
+  /* Exporter: the listener. */                             \
+  X(kRequestsServed, "requests_served")                     \
+  X(kChunksServed, "chunks_served")                         \
+  X(kFdsSent, "fds_sent")                                   \
+  X(kRefusedBadToken, "refused_bad_token")                  \
+  X(kRefusedWrongUser, "refused_wrong_user")                \
+  X(kRefusedNotExported, "refused_not_exported")            \
+  X(kRefusedFreed, "refused_freed")                         \
+  X(kRefusedExportFailed, "refused_export_failed")          \
+  X(kRefusedTooManyChunks, "refused_too_many_chunks")       \
+  X(kRefusedInternal, "refused_internal")                   \
+  X(kRefusedBadRequest, "refused_bad_request")              \
+  X(kConnectionsDropped, "connections_dropped")             \
+  /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */ \
+  X(kHandlesOpened, "handles_opened")                       \
+  X(kReopens, "reopens")                                    \
+  X(kCloses, "closes")                                      \
+  X(kFdsReceived, "fds_received")                           \
+  X(kChunksMapped, "chunks_mapped")                         \
+  X(kBytesMapped, "bytes_mapped")                           \
+  X(kChunksUnmapped, "chunks_unmapped")                     \
+  X(kBytesUnmapped, "bytes_unmapped")                       \
+  X(kPlacementsBestEffort, "placements_best_effort")        \
+  /* Importer: why an open of a VMM2 handle failed. */      \
+  X(kOpenFailedNoExporter, "open_failed_no_exporter")       \
+  X(kOpenFailedTimeout, "open_failed_timeout")              \
+  X(kOpenFailedRefused, "open_failed_refused")              \
+  X(kOpenFailedUnauthentic, "open_failed_unauthentic")      \
+  X(kOpenFailedProtocol, "open_failed_protocol")            \
+  X(kOpenFailedNoResources, "open_failed_no_resources")     \
+  X(kOpenFailedMap, "open_failed_map")                      \
+  X(kOpenFailedBadHandle, "open_failed_bad_handle")         \
   X(kOpenFailedInvalid, "open_failed_invalid")
 
 enum class Counter : int {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "transport/chunk_grant.h"
 #include "transport/peer_client.h"
 
@@ -130,7 +131,7 @@ TEST(StatsDeathTest, ExitReportIsWrittenOnceWhenTheProcessExits) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        log::SetLevel(log::Level::kOff);
+        ::vmmipc::log::SetLevel(::vmmipc::log::Level::kOff);
         Count(Counter::kHandlesExported, 7);
         Count(Counter::kFdsReceived, 2);
         EnableExitReport();
