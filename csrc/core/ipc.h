@@ -18,6 +18,10 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer);
 CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                    const CUmemAllocationProp* prop, unsigned long long flags);
 CUresult MemRelease(CUmemGenericAllocationHandle handle);
+// Mapping tracking: own VMM mappings are recorded so that get needs no driver call.
+CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
+                CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult MemUnmap(CUdeviceptr pointer, size_t size);
 
 CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
 CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,

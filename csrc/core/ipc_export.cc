@@ -23,27 +23,6 @@ namespace {
 // unbounded stream of fds (64 Ki chunks of 2 MiB is already 128 GiB).
 constexpr size_t kMaxChunksPerRun = 65536;
 
-// Where an exporter address sits: the base importers mirror (the arena, or
-// the driver reservation) and the end of the reservation, where a run stops.
-struct ExportRegion {
-  uint64_t placement_base = 0;
-  uint64_t limit_end = 0;
-};
-
-CUresult ExportRegionOf(uint64_t address, ExportRegion* region) {
-  ArenaCarveInfo carve;
-  if (FindArenaCarve(address, &carve)) {
-    region->placement_base = carve.arena_base;
-    region->limit_end = carve.base + carve.size;
-    return CUDA_SUCCESS;
-  }
-  uint64_t base = 0, size = 0;
-  VMMIPC_RETURN_IF_ERROR(RegionOf(address, &base, &size));
-  region->placement_base = base;
-  region->limit_end = base + size;
-  return CUDA_SUCCESS;
-}
-
 transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail) {
   transport::ServeReply reply;
   reply.refuse = reason;
@@ -102,9 +81,7 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
                               request.address, chunk.info().generation, request.generation));
-  ExportRegion region;
-  if (ExportRegionOf(request.address, &region) != CUDA_SUCCESS)
-    return Refuse(transport::RefuseReason::kFreed, "the reservation is gone");
+  const uint64_t region_end = chunk.info().region_end;
 
   const auto loop_start = Clock::now();
   const int64_t first_us = us(start);
@@ -134,7 +111,7 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
                                 kMaxChunksPerRun));
     // The run goes on while the next address is mapped in the same reservation.
     const uint64_t next = info.base + info.size;
-    if (next >= region.limit_end || chunk.Retain(next) != CUDA_SUCCESS ||
+    if (next >= region_end || chunk.Retain(next) != CUDA_SUCCESS ||
         chunk.info().base != next)
       break;
   }
@@ -164,6 +141,7 @@ CUresult EnsureListenerLocked(ProcessState& state) {
                      "from this process", error);
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
+  state.listener_ready.store(true, std::memory_order_release);
   VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} ({}), listening on {}", VMMIPC_VERSION_STRING,
                   state.rank, params.rank_source, state.listener->address());
   return CUDA_SUCCESS;
@@ -172,12 +150,16 @@ CUresult EnsureListenerLocked(ProcessState& state) {
 }  // namespace
 
 CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
-  // The real driver first: legacy memory keeps its legacy handle, untouched.
-  const CUresult legacy = VMMIPC_REAL(IpcGetMemHandle, out, address);
-  if (legacy != CUDA_ERROR_INVALID_VALUE || out == nullptr || !Active()) return legacy;
-
+  if (out == nullptr || !Active()) return VMMIPC_REAL(IpcGetMemHandle, out, address);
+  // Memory mapped through vmmipc's cuMemMap hook is described from the
+  // mapping table, with no driver call. Anything else asks the real driver
+  // first: legacy memory keeps its legacy handle, untouched.
   ChunkInfo chunk;
-  if (DescribeChunk(address, &chunk) != CUDA_SUCCESS) return legacy;  // not VMM memory either
+  if (!DescribeTracked(address, &chunk)) {
+    const CUresult legacy = VMMIPC_REAL(IpcGetMemHandle, out, address);
+    if (legacy != CUDA_ERROR_INVALID_VALUE) return legacy;
+    if (DescribeChunk(address, &chunk) != CUDA_SUCCESS) return legacy;  // not VMM memory either
+  }
   if (!chunk.posix_fd_exportable) {
     stats::Count(stats::Counter::kExportRefusedNoPosixFd);
     VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): VMM memory created without "
@@ -185,15 +167,17 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
                     "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)", address);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  ExportRegion region;
-  if (ExportRegionOf(address, &region) != CUDA_SUCCESS) {
+  if (chunk.offset != 0) {
     stats::Count(stats::Counter::kExportRefusedOther);
+    VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): the mapping starts at offset 0x{:x} of its "
+                    "allocation; vmmipc shares mappings of whole allocations from offset 0 only",
+                    address, chunk.offset);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const uint64_t region_base = region.placement_base;
+  const uint64_t region_base = chunk.region_base;
 
   ProcessState& state = State();
-  {
+  if (!state.listener_ready.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state.export_mutex);
     if (const CUresult started = EnsureListenerLocked(state); started != CUDA_SUCCESS) {
       stats::Count(stats::Counter::kExportRefusedNoListener);

@@ -101,6 +101,33 @@ CUresult MemRelease(CUmemGenericAllocationHandle handle) {
   return result;
 }
 
+CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
+                CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  const CUresult result = VMMIPC_REAL(MemMap, pointer, size, offset, handle, flags);
+  if (result != CUDA_SUCCESS || !Active()) return result;
+  // Everything get will need, asked once here (a map costs far more anyway).
+  state::VmmMapping mapping;
+  mapping.base = pointer;
+  mapping.size = size;
+  mapping.offset = offset;
+  CUmemAllocationProp prop = {};
+  mapping.posix_fd_exportable =
+      VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle) == CUDA_SUCCESS &&
+      (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  if (ExportRegionOf(pointer, &mapping.region_base, &mapping.region_end) != CUDA_SUCCESS) {
+    mapping.region_base = pointer;  // no reservation answer: the mapping is its own region
+    mapping.region_end = pointer + size;
+  }
+  State().mappings.Add(mapping);
+  return result;
+}
+
+CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
+  const CUresult result = VMMIPC_REAL(MemUnmap, pointer, size);
+  if (result == CUDA_SUCCESS && Active()) State().mappings.Remove(pointer, size);
+  return result;
+}
+
 CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
   const CUresult result = VMMIPC_REAL(PointerGetAttribute, data, attribute, pointer);
   if (result == CUDA_SUCCESS && data != nullptr && Active()) Amend(attribute, data, pointer);

@@ -4,6 +4,7 @@
 // the parent's threads, sockets and GPU mappings do not carry over.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "state/chunk_generations.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
+#include "state/vmm_mappings.h"
 #include "transport/listener.h"
 
 namespace vmmipc::core {
@@ -26,8 +28,10 @@ struct ProcessState {
 
   // Export side.
   state::ChunkGenerations generations;
+  state::VmmMappings mappings;  // own VMM mappings, from the cuMemMap/cuMemUnmap hooks
   std::mutex export_mutex;  // guards the members below
   std::unique_ptr<transport::Listener> listener;
+  std::atomic<bool> listener_ready{false};  // lets get skip export_mutex once started
   void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
   bool listener_failed = false;
 

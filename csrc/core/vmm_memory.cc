@@ -3,10 +3,38 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "core/export_arena.h"
 #include "core/process_state.h"
 #include "driver/real_driver.h"
 
 namespace vmmipc::core {
+
+CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end) {
+  ArenaCarveInfo carve;
+  if (FindArenaCarve(address, &carve)) {
+    *region_base = carve.arena_base;
+    *region_end = carve.base + carve.size;
+    return CUDA_SUCCESS;
+  }
+  uint64_t base = 0, size = 0;
+  VMMIPC_RETURN_IF_ERROR(RegionOf(address, &base, &size));
+  *region_base = base;
+  *region_end = base + size;
+  return CUDA_SUCCESS;
+}
+
+bool DescribeTracked(uint64_t address, ChunkInfo* info) {
+  std::optional<state::VmmMapping> mapping = State().mappings.Find(address);
+  if (!mapping) return false;
+  info->base = mapping->base;
+  info->size = mapping->size;
+  info->offset = mapping->offset;
+  info->generation = mapping->generation;
+  info->posix_fd_exportable = mapping->posix_fd_exportable;
+  info->region_base = mapping->region_base;
+  info->region_end = mapping->region_end;
+  return true;
+}
 
 CUresult RetainedChunk::Retain(uint64_t address) {
   Reset();
@@ -16,6 +44,7 @@ CUresult RetainedChunk::Retain(uint64_t address) {
       CUDA_SUCCESS)
     return CUDA_ERROR_INVALID_VALUE;
   held_ = true;
+  if (DescribeTracked(address, &info_)) return CUDA_SUCCESS;
   CUmemAllocationProp prop = {};
   const CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle_);
   info_.generation = State().generations.GetOrAssign(handle_);
@@ -31,6 +60,10 @@ CUresult RetainedChunk::Retain(uint64_t address) {
   }
   info_.base = base;
   info_.size = size;
+  if (ExportRegionOf(address, &info_.region_base, &info_.region_end) != CUDA_SUCCESS) {
+    Reset();
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -43,6 +76,7 @@ void RetainedChunk::Reset() {
 }
 
 CUresult DescribeChunk(uint64_t address, ChunkInfo* info) {
+  if (DescribeTracked(address, info)) return CUDA_SUCCESS;
   RetainedChunk chunk;
   VMMIPC_RETURN_IF_ERROR(chunk.Retain(address));
   *info = chunk.info();

@@ -15,9 +15,20 @@ namespace vmmipc::core {
 struct ChunkInfo {
   uint64_t base = 0;         // the one mapping holding the address
   uint64_t size = 0;
+  uint64_t offset = 0;       // of the mapping into its allocation (known when tracked)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
+  uint64_t region_base = 0;  // what importers mirror (the arena or the reservation)
+  uint64_t region_end = 0;   // where a run stops (end of the carve or reservation)
 };
+
+// The placement base and run limit of an exporter address: the arena and the
+// carve's end inside the export arena, else the driver reservation.
+CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end);
+
+// Describes own VMM memory from the mapping table (no driver call), when the
+// mapping was made through vmmipc's cuMemMap hook.
+bool DescribeTracked(uint64_t address, ChunkInfo* info);
 
 // The chunk at an address with its allocation handle retained, released on
 // destruction: one retain serves the description and the export.

@@ -80,6 +80,15 @@ VMMIPC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return Guard(__func__, [&] { return core::MemAddressFree(ptr, size); });
 }
 
+VMMIPC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return Guard(__func__, [&] { return core::MemMap(ptr, size, offset, handle, flags); });
+}
+
+VMMIPC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return Guard(__func__, [&] { return core::MemUnmap(ptr, size); });
+}
+
 VMMIPC_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
                                              CUdeviceptr ptr) {
   return Guard(__func__, [&] { return core::PointerGetAttribute(data, attribute, ptr); });
