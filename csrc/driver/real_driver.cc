@@ -27,8 +27,8 @@ void Load() {
   if (library == nullptr) library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* why = dlerror();
-    VMMIPC_LOG_ERROR("cannot load the CUDA driver '{}': {}; every hook fails with "
-                     "CUDA_ERROR_NOT_INITIALIZED (set VMMIPC_CUDA_LIBRARY?)",
+    VMMIPC_LOG_ERROR("cannot load the CUDA driver '{}': {}; every hook that "
+                     "needs it fails with CUDA_ERROR_NOT_SUPPORTED (set VMMIPC_CUDA_LIBRARY?)",
                      path, why ? why : "unknown");
     return;
   }

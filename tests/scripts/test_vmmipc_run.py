@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Tests of scripts/vmmipc-run: its table of variables against params.def, its
+parsers against the library's, LD_PRELOAD handling, the run mode's environment,
+and --check without a driver and (with --sim-dir) on the simulated driver.
+
+  test_vmmipc_run.py --lib build/csrc/libvmmipc.so [--sim-dir build/sim] [unittest args]
+
+Standard library only. ctest: scripts.vmmipc_run (unit) and scripts.vmmipc_run_check_sim (sim).
+"""
+
+import argparse
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(SOURCE_DIR, "scripts", "vmmipc-run")
+OPTIONS = argparse.Namespace(lib=None, sim_dir=None)
+NO_DRIVER = "libcuda-that-does-not-exist.so.1"
+
+
+def load_script():
+    loader = importlib.machinery.SourceFileLoader("vmmipc_run", SCRIPT)
+    spec = importlib.util.spec_from_loader("vmmipc_run", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+run_module = load_script()
+
+
+def clean_env(**extra):
+    """The test's environment without any VMMIPC_*/rank variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VMMIPC_") and k not in ("LOCAL_RANK", "RANK", "LD_PRELOAD",
+                                                        "DEEPEP_VMMIPC", "SIMCUDA_DEVICE_COUNT")}
+    env.update(extra)
+    return env
+
+
+def run(args, env, **kwargs):
+    return subprocess.run([sys.executable, SCRIPT] + args, env=env, capture_output=True,
+                          text=True, timeout=120, **kwargs)
+
+
+class ConfigTableTest(unittest.TestCase):
+    """The script's copy of the library's table and parsers."""
+
+    def test_table_matches_params_def(self):
+        with open(os.path.join(SOURCE_DIR, "csrc", "config", "params.def")) as handle:
+            text = handle.read()
+        kinds = {"kBool": "bool", "kInt": "int", "kSize": "size", "kString": "string",
+                 "kLogLevel": "level"}
+        declared = [(name, kinds[kind], default) for name, kind, default in re.findall(
+            r'VMMIPC_PARAM\(\s*\w+,\s*"(\w+)",\s*(k\w+),\s*"([^"]*)"', text)]
+        self.assertTrue(declared)
+        self.assertEqual(run_module.PARAMS, declared,
+                         "scripts/vmmipc-run's PARAMS differs from csrc/config/params.def")
+
+    def test_version_matches_the_project(self):
+        with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as handle:
+            version = re.search(r"project\(vmmipc VERSION ([0-9.]+)", handle.read()).group(1)
+        self.assertEqual(run_module.VERSION, version)
+        sys.path.insert(0, os.path.join(SOURCE_DIR, "scripts", "python"))
+        try:
+            import vmmipc
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(vmmipc.__version__, version)
+
+    def test_size_parser_accepts_what_the_library_accepts(self):
+        parse = run_module._parse_size
+        self.assertEqual(parse("1T"), 1 << 40)
+        self.assertEqual(parse("512GiB"), 512 << 30)
+        self.assertEqual(parse(" 64m "), 64 << 20)
+        self.assertEqual(parse("0x10"), 16)
+        self.assertEqual(parse("0x300000000000"), 0x300000000000)
+        self.assertEqual(parse("010"), 8)  # strtoull base 0: octal
+        for bad in ("", "-1", "+1", "12Q", "1TT", "0xZZ", "99999999999999999999", "20000000T",
+                    "08"):
+            with self.assertRaises(ValueError, msg=bad):
+                parse(bad)
+
+    def test_bool_int_and_level_parsers(self):
+        self.assertTrue(run_module._parse_bool(" Yes "))
+        self.assertFalse(run_module._parse_bool("off"))
+        self.assertRaises(ValueError, run_module._parse_bool, "maybe")
+        self.assertEqual(run_module._parse_int(" 5 "), 5)
+        self.assertRaises(ValueError, run_module._parse_int, "seven")
+        self.assertEqual(run_module._parse_level("WARNING"), "warn")
+        self.assertEqual(run_module._parse_level("none"), "off")
+        self.assertRaises(ValueError, run_module._parse_level, "loud")
+
+    def test_bad_values_warn_and_keep_the_default(self):
+        config = run_module.Config({"VMMIPC_TIMEOUT_MS": "0", "VMMIPC_ZONE_BASE": "0x300000000001",
+                                    "VMMIPC_SLOT_SIZE": "512G", "VMMIPC_LOGLEVEL": "info"})
+        self.assertEqual(config["VMMIPC_TIMEOUT_MS"], 5000)
+        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x300000000000)
+        self.assertEqual(config["VMMIPC_SLOT_SIZE"], 512 << 30)
+        text = "\n".join(config.warnings)
+        self.assertIn("VMMIPC_TIMEOUT_MS='0' is ignored: must be between 1 and 3600000", text)
+        self.assertIn("VMMIPC_ZONE_BASE='0x300000000001' is ignored: must be a multiple", text)
+        self.assertIn("VMMIPC_LOGLEVEL is not a vmmipc variable", text)
+
+    def test_rank_falls_back_like_the_library(self):
+        def rank(env):
+            config = run_module.Config(env)
+            return config.rank, config.rank_source
+
+        self.assertEqual(rank({}), (-1, "none"))
+        self.assertEqual(rank({"LOCAL_RANK": "2", "RANK": "9"}), (2, "LOCAL_RANK"))
+        self.assertEqual(rank({"RANK": "9"}), (9, "RANK"))
+        self.assertEqual(rank({"VMMIPC_RANK": "1", "LOCAL_RANK": "2"}), (1, "VMMIPC_RANK"))
+        self.assertEqual(rank({"VMMIPC_RANK": "-1", "LOCAL_RANK": "2"}), (2, "LOCAL_RANK"))
+        self.assertEqual(rank({"LOCAL_RANK": "x", "RANK": "4"}), (4, "RANK"))
+        self.assertEqual(rank({"LOCAL_RANK": "70000"}), (-1, "none"))
+
+
+class LauncherTest(unittest.TestCase):
+    """Run mode: LD_PRELOAD, the variables, exec."""
+
+    def setUp(self):
+        if not OPTIONS.lib:
+            self.skipTest("needs --lib")
+        self.lib = os.path.abspath(OPTIONS.lib)
+
+    def test_preload_is_prepended_once_and_others_are_kept(self):
+        prepend = run_module.prepend_preload
+        self.assertEqual(prepend(None, "/a/libvmmipc.so"), "/a/libvmmipc.so")
+        self.assertEqual(prepend("/x/libfoo.so /a/libvmmipc.so:/y/libbar.so", "/a/libvmmipc.so"),
+                         "/a/libvmmipc.so:/x/libfoo.so:/y/libbar.so")
+        self.assertEqual(prepend("/old/libvmmipc.so", "/a/libvmmipc.so"), "/a/libvmmipc.so")
+
+    def print_env(self, args, **env):
+        script = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+                  "['LD_PRELOAD', 'VMMIPC_RANK', 'VMMIPC_LOG_LEVEL', 'VMMIPC_STATS', "
+                  "'VMMIPC_SOCKET_DIR', 'LOCAL_RANK', 'RANK', 'DEEPEP_VMMIPC', 'PYTHONPATH']}))")
+        result = run(["--lib", self.lib] + args + ["--", sys.executable, "-c", script],
+                     clean_env(**env))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        import json
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def test_command_gets_the_preload_and_the_options(self):
+        with tempfile.TemporaryDirectory() as directory:
+            seen = self.print_env(["--rank", "3", "--log-level", "INFO", "--stats",
+                                   "--socket-dir", os.path.relpath(directory)],
+                                  LD_PRELOAD="/nonexistent/libother.so", LOCAL_RANK="5")
+        self.assertEqual(seen["LD_PRELOAD"], f"{self.lib}:/nonexistent/libother.so")
+        self.assertEqual(seen["VMMIPC_RANK"], "3")
+        self.assertEqual(seen["VMMIPC_LOG_LEVEL"], "info")
+        self.assertEqual(seen["VMMIPC_STATS"], "1")
+        self.assertEqual(seen["VMMIPC_SOCKET_DIR"], os.path.realpath(directory))
+        self.assertEqual(seen["LOCAL_RANK"], "5")  # passed through untouched
+
+    def test_without_options_only_the_preload_changes(self):
+        seen = self.print_env([], RANK="7")
+        self.assertEqual(seen["LD_PRELOAD"], self.lib)
+        self.assertIsNone(seen["VMMIPC_RANK"])
+        self.assertIsNone(seen["VMMIPC_STATS"])
+        self.assertEqual(seen["RANK"], "7")
+
+    def test_deepep_puts_the_hook_on_pythonpath(self):
+        seen = self.print_env(["--deepep"], PYTHONPATH="/elsewhere")
+        self.assertEqual(seen["DEEPEP_VMMIPC"], "1")
+        self.assertEqual(seen["PYTHONPATH"],
+                         os.path.join(SOURCE_DIR, "scripts", "python") + ":/elsewhere")
+        script = "import sys; print('vmmipc.deepep' in sys.modules)"
+        result = run(["--lib", self.lib, "--deepep", "--", sys.executable, "-c", script],
+                     clean_env())
+        self.assertEqual(result.stdout.strip(), "True", result.stderr)
+
+    def test_print_env_is_shell_syntax(self):
+        result = run(["--lib", self.lib, "--stats", "--print-env"], clean_env())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"export LD_PRELOAD={self.lib}\n", result.stdout)
+        self.assertIn("export VMMIPC_STATS=1\n", result.stdout)
+
+    def test_usage_errors(self):
+        self.assertEqual(run([], clean_env()).returncode, 2)
+        self.assertEqual(run(["--rank", "-3", "--", "true"], clean_env()).returncode, 2)
+        self.assertEqual(run(["--check", "--", "true"], clean_env()).returncode, 2)
+        missing = run(["--lib", "/nonexistent/libvmmipc.so", "--", "true"], clean_env())
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("libvmmipc.so not found", missing.stderr)
+        absent = run(["--lib", self.lib, "--", "/nonexistent/program"], clean_env())
+        self.assertEqual(absent.returncode, 127)
+
+    def test_library_is_found_next_to_an_installed_script(self):
+        with tempfile.TemporaryDirectory() as prefix:
+            os.makedirs(os.path.join(prefix, "bin"))
+            os.makedirs(os.path.join(prefix, "lib"))
+            shutil.copy(SCRIPT, os.path.join(prefix, "bin", "vmmipc-run"))
+            shutil.copy(self.lib, os.path.join(prefix, "lib", "libvmmipc.so"))
+            result = subprocess.run([sys.executable, os.path.join(prefix, "bin", "vmmipc-run"),
+                                     "--print-env"], env=clean_env(), capture_output=True,
+                                    text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn(os.path.join(os.path.realpath(prefix), "lib", "libvmmipc.so"),
+                          result.stdout)
+
+
+class CheckWithoutDriverTest(unittest.TestCase):
+    """--check where libcuda cannot be loaded: it explains itself and fails."""
+
+    def test_no_driver_is_a_clear_failure(self):
+        args = ["--lib", OPTIONS.lib] if OPTIONS.lib else []
+        result = run(args + ["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER, LOCAL_RANK="1"))
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        out = result.stdout
+        self.assertIn(f"vmmipc {run_module.VERSION}", out)
+        self.assertRegex(out, r"\[FAIL\] CUDA driver +" + re.escape(NO_DRIVER) + " cannot be loaded")
+        self.assertIn("rank            1 (from LOCAL_RANK)", out)
+        self.assertRegex(out, r"sockets +abstract .* network namespace net:\[[0-9]+\]")
+        self.assertIn("ptrace", out)
+        self.assertRegex(out.splitlines()[-1],
+                         r"^VERDICT: FAIL: cannot share memory here: no CUDA driver")
+        if OPTIONS.lib:
+            self.assertIn(f"[  ok] library         {os.path.abspath(OPTIONS.lib)}", out)
+
+    def test_socket_dir_problems_are_failures(self):
+        result = run(["--check", "--socket-dir", "/nonexistent/dir"],
+                     clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER))
+        self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir is not a "
+                      "directory", result.stdout)
+        with tempfile.TemporaryDirectory() as directory:
+            deep = os.path.join(directory, "d" * 100)
+            os.makedirs(deep)
+            result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
+                                                VMMIPC_SOCKET_DIR=deep))
+        self.assertIn("is too long: socket paths would reach", result.stdout)
+
+    def test_layout_problems_are_warned(self):
+        result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
+                                            VMMIPC_ARENA_BASE="0x300000000000",
+                                            LOCAL_RANK="9"))
+        self.assertIn("the import zone [0x300000000000, +8 TiB) overlaps the export arena",
+                      result.stdout)
+        self.assertIn("[WARN] rank            9 (from LOCAL_RANK) is not below VMMIPC_ZONE_SLOTS=8",
+                      result.stdout)
+        self.assertTrue(result.stdout.rstrip().endswith("(and 2 warnings above)"), result.stdout)
+
+
+class CheckOnSimulatedDriverTest(unittest.TestCase):
+    """--check against the project's simulated libcuda.so.1 (ctest label sim)."""
+
+    def setUp(self):
+        if not OPTIONS.sim_dir:
+            self.skipTest("needs --sim-dir")
+
+    def check(self, **env):
+        args = ["--lib", OPTIONS.lib] if OPTIONS.lib else []
+        result = run(args + ["--check"], clean_env(LD_LIBRARY_PATH=OPTIONS.sim_dir, **env))
+        return result.returncode, result.stdout
+
+    def test_the_simulated_driver_passes_with_a_warning(self):
+        code, out = self.check(LOCAL_RANK="0")
+        self.assertEqual(code, 2, out)
+        self.assertIn("SIMULATED driver", out)
+        self.assertRegex(out, r"\[  ok\] GPU 0 .*VMM yes, POSIX fd yes")
+        self.assertIn("[  ok] import zone     0x300000000000 + 8 x 1 TiB: free", out)
+        self.assertIn("[  ok] export arena    0x200000000000 + 1 TiB: free", out)
+        self.assertIn("[  ok] rank            0 (from LOCAL_RANK)", out)
+        self.assertEqual(out.splitlines()[-1], "VERDICT: WARN: sharing should work, but: this "
+                         "is vmmipc's simulated test driver, not a GPU driver")
+
+    def test_peer_access_is_listed_for_several_gpus(self):
+        code, out = self.check(SIMCUDA_DEVICE_COUNT="2")
+        self.assertIn("[  ok] GPU 1", out)
+        self.assertIn("[  ok] peer access     every pair of the 2 GPUs", out)
+
+    def test_no_device_fails(self):
+        code, out = self.check(SIMCUDA_DEVICE_COUNT="0")
+        self.assertEqual(code, 1, out)
+        self.assertIn("cuInit failed: CUDA_ERROR_NO_DEVICE", out)
+        self.assertIn("VERDICT: FAIL: cannot share memory here: no GPU is visible", out)
+
+    def test_an_unreservable_zone_falls_back(self):
+        # Not the default fallback 0x600000000000: in a sanitized build that is where
+        # AddressSanitizer's allocator lives (the simulator is sanitized there too).
+        code, out = self.check(VMMIPC_ZONE_BASE="0x7f0000000000",
+                               VMMIPC_ZONE_FALLBACK_BASE="0x400000000000")
+        self.assertIn("[WARN] import zone     0x7f0000000000 + 8 x 1 TiB: cannot be reserved: "
+                      "CUDA_ERROR_OUT_OF_MEMORY", out)
+        self.assertIn("[  ok] fallback zone   0x400000000000", out)
+        self.assertIn("the import zone 0x7f0000000000 cannot be had; the fallback 0x400000000000 "
+                      "is used", out)
+
+    def test_no_zone_at_all_means_best_effort(self):
+        code, out = self.check(VMMIPC_ZONE_BASE="0x7f0000000000", VMMIPC_ZONE_FALLBACK_BASE="0")
+        self.assertIn("fallback zone   disabled", out)
+        self.assertIn("neither import zone can be reserved: peer memory is placed best-effort",
+                      out)
+
+
+def main():
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--lib")
+    parser.add_argument("--sim-dir")
+    known, rest = parser.parse_known_args()
+    OPTIONS.lib, OPTIONS.sim_dir = known.lib, known.sim_dir
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
