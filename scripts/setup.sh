@@ -7,10 +7,17 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 packages=(cmake ninja-build g++ binutils libgtest-dev libgmock-dev libspdlog-dev libfmt-dev
-          libbenchmark-dev)
+          libbenchmark-dev clang)
+# libFuzzer for tests/fuzz, where the distribution packages it apart from clang
+# (Debian 12: libclang-rt-dev -> libclang-rt-14-dev). Without it the fuzz tests skip.
+optional=(libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+for p in "${optional[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+  apt-cache show "$p" >/dev/null 2>&1 && missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/parked.h"
+
 namespace vmmipc::log {
 namespace {
 
@@ -116,6 +118,7 @@ void Write(Level level, std::string_view message) noexcept {
 
 void ResetAfterFork() noexcept {
   // The old logger (and its possibly locked mutex) is leaked, not destroyed.
+  Park(g_logger.load(std::memory_order_relaxed));
   new (&g_create_mutex) std::mutex();
   g_logger.store(nullptr, std::memory_order_release);
 }

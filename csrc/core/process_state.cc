@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "common/parked.h"
 #include "config/params.h"
 #include "core/stats.h"
 
@@ -50,8 +51,9 @@ void AfterForkInChild() {
   ProcessState* old = g_state.load(std::memory_order_relaxed);
   if (old != nullptr && old->listener) {
     old->listener->AbandonAfterFork();
-    (void)old->listener.release();
+    Park(old->listener.release());
   }
+  Park(old);  // leaked, but reachable: leak checkers must not fail the child's exit
   new (&g_create_mutex) std::mutex();
   g_state.store(nullptr, std::memory_order_release);
 }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/parked.h"
 #include "common/status.h"
 #include "transport/fd_channel.h"
 #include "transport/serve_connection.h"
@@ -167,7 +168,7 @@ void Listener::Impl::Stop() noexcept {
 }
 
 void Listener::Impl::Abandon() noexcept {
-  (void)thread.release();  // leaked on purpose, see `thread`
+  Park(thread.release());  // leaked on purpose, see `thread`
   // Closing our copies leaves the parent's socket and eventfd untouched: they
   // are the same open files, still referenced by the parent's descriptors.
   listen_fd.Reset();

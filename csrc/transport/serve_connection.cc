@@ -20,6 +20,14 @@ static_assert(wire::kMaxChunksPerBatch <= kMaxFdsPerMessage, "a batch's fds must
 // is refused as kBadRequest, its preamble still readable for the reply.
 constexpr size_t kRequestBufferSize = 512;
 
+// How long a peer of another uid may take to show its request. Such a peer is
+// never one of our importers (socket names carry the uid), so it gets a short
+// grace, only enough for its kWrongUser answer, rather than the full timeout:
+// otherwise any local user could hold the one listener thread timeout_ms at a
+// time by connecting and staying silent (a full backlog of 64 such peers
+// then costs at most 64 x 50 ms).
+constexpr int kOtherUserGraceMs = 50;
+
 struct Exchange {
   const ServeContext& context;
   int fd;
@@ -115,14 +123,17 @@ void Serve(ScopedFd connection, const ServeContext& context) {
 
   std::vector<uint8_t> buffer(kRequestBufferSize);
   ReceivedMessage message;
-  const Deadline deadline = Deadline::AfterMs(context.timeout_ms);
+  const bool same_user = x.peer.uid == context.uid;
+  const int wait_ms =
+      same_user ? context.timeout_ms : std::min(context.timeout_ms, kOtherUserGraceMs);
+  const Deadline deadline = Deadline::AfterMs(wait_ms);
   if (IoResult io = ReceiveMessage(x.fd, buffer, &message, deadline, context.stop_fd); !io.ok()) {
     if (io.status == IoStatus::kStopped) return;
-    VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{}{})", context.name,
+    VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{}{}{})", context.name,
                     x.peer.pid, x.peer.uid, IoStatusName(io.status),
-                    io.status == IoStatus::kTimeout
-                        ? fmt::format(" after {} ms", context.timeout_ms)
-                        : std::string(),
+                    io.status == IoStatus::kTimeout ? fmt::format(" after {} ms", wait_ms)
+                                                    : std::string(),
+                    same_user ? "" : ", another user's grace",
                     io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
     return;
   }

@@ -365,7 +365,7 @@ TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
 
 // --- export arena -------------------------------------------------------------------------
 
-constexpr uint64_t kArenaBase = 0x200000000000ull;
+const uint64_t kArenaBase = EnvOr("VMMIPC_ARENA_BASE", 0x200000000000ull);
 
 // A program with several reservations of different sizes and frees in
 // between; returns the addresses it got and the importer's address of the last.

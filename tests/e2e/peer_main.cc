@@ -8,18 +8,32 @@
 //   dlsym     dlsym(dlopen("libcuda.so.1"), "...")
 //   procN     cuGetProcAddress_v2("cuIpcOpenMemHandle", N) for N = 4010, 11000, 12000
 //   self      cuGetProcAddress itself obtained through cuGetProcAddress (libcudart's way)
+// The fault tests (fault_test.cc) add commands that inject simulated-driver
+// failures, cap RLIMIT_NOFILE, open and export from many threads, fork, and
+// audit CLOEXEC (FaultCommand).
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sim_introspect.h"
@@ -220,6 +234,442 @@ std::string Attr(uint64_t addr, const std::string& which) {
   return r == CUDA_SUCCESS ? "ok " + Hex(start) + " " + Hex(size) : Err(r);
 }
 
+// --- fault, concurrency and fork commands (tests/e2e/fault_test.cc) -------------------------
+
+std::string Run(const std::vector<std::string>& a, IpcFns* fns);
+
+// Set in the children this peer forks. LeakSanitizer, at their exit, cannot
+// suspend or properly scan the threads that stayed in the parent (the
+// listener's), so what only their stacks referenced at the fork reads as leaked.
+bool g_forked_child = false;
+
+// The simulator's fault injection, looked up at run time: the real driver has none.
+std::string Inject(const std::string& name, unsigned nth, int code) {
+  using InjectFn = int (*)(const char*, unsigned, int);
+  auto fn = reinterpret_cast<InjectFn>(dlsym(RTLD_DEFAULT, "simcuda_inject_failure"));
+  if (fn == nullptr) return "err not the simulated driver";
+  return fn(name.c_str(), nth, code) == 0 ? "ok" : "err bad injection";
+}
+
+// Sets RLIMIT_NOFILE's soft limit so that exactly `free_fds` more descriptors can be
+// opened (new fds take the lowest free numbers below the limit). Answers the limit.
+std::string Headroom(uint64_t free_fds) {
+  std::vector<uint64_t> open;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return "err opendir";
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != dirfd(d)) open.push_back(static_cast<uint64_t>(fd));
+  }
+  closedir(d);
+  std::sort(open.begin(), open.end());
+  uint64_t limit = 0;
+  size_t below = 0;  // open fds < limit
+  while (limit - below != free_fds) {
+    ++limit;
+    while (below < open.size() && open[below] < limit) ++below;
+  }
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = limit;
+  return setrlimit(RLIMIT_NOFILE, &rl) == 0 ? "ok " + std::to_string(limit) : "err setrlimit";
+}
+
+// "seed:size:hex" <-> what one thread of thread_opens needs.
+struct SharedBuffer {
+  uint64_t seed = 0;
+  uint64_t size = 0;
+  CUipcMemHandle handle = {};
+};
+
+bool ParseSharedBuffer(const std::string& spec, SharedBuffer* out) {
+  const size_t a = spec.find(':'), b = spec.find(':', a + 1);
+  if (a == std::string::npos || b == std::string::npos) return false;
+  out->seed = Num(spec.substr(0, a));
+  out->size = Num(spec.substr(a + 1, b - a - 1));
+  return HexToHandle(spec.substr(b + 1), &out->handle);
+}
+
+// nthreads threads, iters opens each over the given buffers; every open is checked
+// (first and last 4 KiB against the buffer's pattern) and closed after the thread's
+// next open, so opens of one handle overlap across threads.
+std::string ThreadOpens(int nthreads, int iters, const std::vector<SharedBuffer>& buffers,
+                        IpcFns* fns) {
+  std::atomic<int> opens{0}, failures{0}, mismatches{0};
+  std::mutex mu;
+  std::string first_error;
+  auto note = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_error.empty()) first_error = what;
+  };
+  auto worker = [&](int t) {
+    cuCtxSetCurrent(g_context);  // a context is per thread
+    CUdeviceptr previous = 0;
+    for (int i = 0; i < iters; ++i) {
+      const SharedBuffer& b = buffers[(static_cast<size_t>(i) * 7 + t) % buffers.size()];
+      CUdeviceptr p = 0;
+      CUresult r = fns->open(&p, b.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (r != CUDA_SUCCESS) {
+        ++failures;
+        note("open: " + Err(r));
+        continue;
+      }
+      ++opens;
+      const uint64_t tail = b.size >= 4096 ? b.size - 4096 : 0;
+      std::string head = Check(p, std::min<uint64_t>(4096, b.size), b.seed, 0);
+      std::string end = Check(p + tail, std::min<uint64_t>(4096, b.size), b.seed, tail);
+      if (head != "ok" || end != "ok") {
+        ++mismatches;
+        note("check: " + head + " / " + end);
+      }
+      if (previous != 0 && (r = fns->close(previous)) != CUDA_SUCCESS) {
+        ++failures;
+        note("close: " + Err(r));
+      }
+      previous = p;
+    }
+    if (previous != 0 && fns->close(previous) != CUDA_SUCCESS) ++failures;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  std::string out = "ok opens=" + std::to_string(opens) + " failures=" + std::to_string(failures) +
+                    " mismatches=" + std::to_string(mismatches);
+  return first_error.empty() ? out : out + " first_error=" + first_error;
+}
+
+// nthreads threads each export every address rounds times, in rotated orders; all
+// handles of one address must be identical. Answers one handle per address.
+std::string ThreadGets(int nthreads, int rounds, const std::vector<uint64_t>& addresses,
+                       IpcFns* fns) {
+  std::vector<std::vector<std::string>> seen(nthreads, std::vector<std::string>(addresses.size()));
+  std::atomic<int> failures{0};
+  auto worker = [&](int t) {
+    cuCtxSetCurrent(g_context);
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t k = 0; k < addresses.size(); ++k) {
+        const size_t i = (k + t + round) % addresses.size();
+        CUipcMemHandle h = {};
+        CUresult r = fns->get(&h, addresses[i]);
+        if (r != CUDA_SUCCESS) {
+          ++failures;
+          continue;
+        }
+        const std::string hex = HandleToHex(h);
+        if (!seen[t][i].empty() && seen[t][i] != hex) ++failures;
+        seen[t][i] = hex;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  if (failures != 0) return "err failures=" + std::to_string(failures);
+  std::string out = "ok";
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    for (int t = 1; t < nthreads; ++t)
+      if (seen[t][i] != seen[0][i]) return "err threads disagree on address " + Hex(addresses[i]);
+    out += " " + seen[0][i];
+  }
+  return out;
+}
+
+// Allocates, fills and exports one VMM buffer of `chunks` 2 MiB chunks without g_vmm
+// (safe from any thread); the buffer lives until the process exits.
+std::string AllocFillGet(uint64_t chunks, uint64_t seed, IpcFns* fns, uint64_t* base_out) {
+  const uint64_t chunk = 2ull << 20;
+  CUdeviceptr base = 0;
+  CUresult r = cuMemAddressReserve(&base, chunk * chunks, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = g_device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  for (uint64_t i = 0; i < chunks; ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    if ((r = cuMemCreate(&h, chunk, &prop, 0)) != CUDA_SUCCESS) return Err(r);
+    if ((r = cuMemMap(base + i * chunk, chunk, 0, h, 0)) != CUDA_SUCCESS) return Err(r);
+  }
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = g_device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((r = cuMemSetAccess(base, chunk * chunks, &access, 1)) != CUDA_SUCCESS) return Err(r);
+  std::string filled = Fill(base, chunk * chunks, seed);
+  if (filled != "ok") return filled;
+  CUipcMemHandle h = {};
+  if ((r = fns->get(&h, base)) != CUDA_SUCCESS) return Err(r);
+  if (base_out != nullptr) *base_out = base;
+  return "ok " + HandleToHex(h);
+}
+
+// Each of nthreads threads allocates, fills (seed 200 + t) and exports its own buffer
+// at the same time. Answers "seed:size:hex" per thread, for thread_opens.
+std::string ThreadExports(int nthreads, uint64_t chunks, IpcFns* fns) {
+  std::vector<std::string> answers(nthreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nthreads; ++t) {
+    threads.emplace_back([&, t] {
+      cuCtxSetCurrent(g_context);
+      answers[t] = AllocFillGet(chunks, 200 + t, fns, nullptr);
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::string out = "ok";
+  for (int t = 0; t < nthreads; ++t) {
+    if (answers[t].rfind("ok ", 0) != 0)
+      return "err thread " + std::to_string(t) + ": " + answers[t];
+    out += " " + std::to_string(200 + t) + ":" + Hex(chunks * (2ull << 20)) + ":" +
+           answers[t].substr(3);
+  }
+  return out;
+}
+
+// Reads one line from `fd` within timeout_ms ("" on timeout or EOF).
+std::string ReadLineFrom(int fd, int timeout_ms) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (line.empty() || line.back() != '\n') {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    pollfd p = {fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return "";
+    char c;
+    if (read(fd, &c, 1) != 1) return "";
+    line += c;
+  }
+  line.pop_back();
+  return line;
+}
+
+// Waits up to timeout_ms for `pid`; "exit=N", "signal=N", or "hung" (then killed).
+std::string WaitChild(pid_t pid, int timeout_ms) {
+  int status = 0;
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? "exit=" + std::to_string(WEXITSTATUS(status))
+                               : "signal=" + std::to_string(WTERMSIG(status));
+    }
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return "hung";
+}
+
+std::map<pid_t, int> g_children;  // forked child -> write end of the pipe that holds it
+
+// Forks a child that allocates, fills and exports its own buffer (a fresh listener
+// under its own pid), answers "ok <pid> <hex>", then serves until `reap` (or until
+// this process dies) and leaves through exit() (static destructors and all).
+std::string ForkExport(uint64_t chunks, uint64_t seed, IpcFns* fns) {
+  int result[2], hold[2];
+  if (pipe2(result, O_CLOEXEC) != 0) return "err pipe";
+  if (pipe2(hold, O_CLOEXEC) != 0) return "err pipe";
+  std::cout.flush();
+  const pid_t pid = fork();
+  if (pid < 0) return "err fork";
+  if (pid == 0) {
+    g_forked_child = true;
+    alarm(120);  // never outlive a broken test
+    close(result[0]);
+    close(hold[1]);
+    std::string answer = AllocFillGet(chunks, seed, fns, nullptr);
+    if (answer.rfind("ok ", 0) == 0) answer = "ok " + std::to_string(getpid()) + answer.substr(2);
+    answer += "\n";
+    (void)!write(result[1], answer.data(), answer.size());
+    char c;
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    std::exit(0);
+  }
+  close(result[1]);
+  close(hold[0]);
+  std::string answer = ReadLineFrom(result[0], 20000);
+  close(result[0]);
+  g_children[pid] = hold[1];
+  return answer.empty() ? "err the child did not answer" : answer;
+}
+
+std::string Reap(pid_t pid) {
+  auto it = g_children.find(pid);
+  if (it == g_children.end()) return "err not a child of this peer";
+  close(it->second);
+  g_children.erase(it);
+  return "ok " + WaitChild(pid, 20000);
+}
+
+// Forks n children, one after another, while whatever else runs in this process goes
+// on (the listener serving an importer); each child logs through vmmipc (a malformed
+// VMM2 handle: no driver call) and exit()s, under a 10 s alarm. Answers how they ended.
+std::string ForkStorm(int n, IpcFns* fns) {
+  vmmipc::state::Vmm2Handle malformed;
+  malformed.pid = 1;
+  malformed.token = 0;  // token 0: refused by the decoder, with a warning line
+  malformed.chunk_size = 1;
+  CUipcMemHandle h = {};
+  vmmipc::state::EncodeHandle(malformed, reinterpret_cast<unsigned char*>(h.reserved));
+  int exited = 0;
+  std::string other;
+  std::cout.flush();
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid < 0) return "err fork";
+    if (pid == 0) {
+      g_forked_child = true;
+      alarm(10);
+      CUdeviceptr p = 0;
+      const CUresult r = fns->open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      std::exit(r == CUDA_ERROR_INVALID_VALUE ? 0 : 3);
+    }
+    const std::string how = WaitChild(pid, 15000);
+    if (how == "exit=0")
+      ++exited;
+    else
+      other += " " + how;
+  }
+  return "ok exited=" + std::to_string(exited) + (other.empty() ? "" : " other:" + other);
+}
+
+// Every descriptor of this process except 0-2 that lacks FD_CLOEXEC, as fd=target.
+std::string CloexecAudit() {
+  std::string leaks;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return "err opendir";
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == dirfd(d)) continue;
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) {
+      char target[256] = {};
+      const std::string link = "/proc/self/fd/" + std::string(e->d_name);
+      (void)!readlink(link.c_str(), target, sizeof(target) - 1);
+      leaks += " " + std::string(e->d_name) + "=" + target;
+    }
+  }
+  closedir(d);
+  return "ok" + leaks;
+}
+
+// Execs `ls -l /proc/self/fd/` in a forked child (clean environment) and answers the
+// descriptors it found, as fd=target: what any exec'd program inherits from us.
+std::string ExecFds() {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return "err pipe";
+  std::cout.flush();
+  const pid_t pid = fork();
+  if (pid < 0) return "err fork";
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    char* const argv[] = {const_cast<char*>("ls"), const_cast<char*>("-l"),
+                          const_cast<char*>("/proc/self/fd/"), nullptr};
+    char* const envp[] = {nullptr};
+    execve("/bin/ls", argv, envp);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  for (;;) {
+    pollfd p = {out[0], POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) break;
+    char buf[4096];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  const std::string how = WaitChild(pid, 10000);
+  if (how != "exit=0") return "err ls " + how;
+  std::string fds;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t arrow = line.find(" -> ");
+    if (arrow == std::string::npos) continue;
+    const size_t name = line.rfind(' ', arrow - 1);
+    fds += " " + line.substr(name + 1, arrow - name - 1) + "=" + line.substr(arrow + 4);
+  }
+  return "ok" + fds;
+}
+
+// Becomes another user for good (from root): the other-uid client of the tests.
+std::string DropTo(uint32_t uid) {
+  if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)
+    return std::string("err ") + std::strerror(errno);
+  return "ok";
+}
+
+// The commands above, by name; false when `a` is none of them.
+bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* reply) {
+  const std::string& cmd = a[0];
+  if (cmd == "inject") {  // name nth code: the simulator's nth next `name` call fails with code
+    *reply = Inject(a.at(1), static_cast<unsigned>(Num(a.at(2))), static_cast<int>(Num(a.at(3))));
+  } else if (cmd == "headroom") {  // n: exactly n more fds can be opened
+    *reply = Headroom(Num(a.at(1)));
+  } else if (cmd == "nofile_max") {  // soft RLIMIT_NOFILE back up to the hard one
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    *reply =
+        setrlimit(RLIMIT_NOFILE, &rl) == 0 ? "ok " + std::to_string(rl.rlim_cur) : "err setrlimit";
+  } else if (cmd == "redirect_stderr") {  // path: this process's stderr (vmmipc's log) goes there
+    const int fd = open(a.at(1).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    *reply = fd >= 0 && dup2(fd, STDERR_FILENO) == STDERR_FILENO ? "ok" : "err open";
+    if (fd >= 0) close(fd);
+  } else if (cmd == "thread_opens") {  // nthreads iters seed:size:hex...
+    std::vector<SharedBuffer> buffers;
+    for (size_t i = 3; i < a.size(); ++i) {
+      SharedBuffer b;
+      if (!ParseSharedBuffer(a[i], &b)) {
+        *reply = "err bad buffer " + a[i];
+        return true;
+      }
+      buffers.push_back(b);
+    }
+    *reply = buffers.empty() ? "err no buffers"
+                             : ThreadOpens(static_cast<int>(Num(a.at(1))),
+                                           static_cast<int>(Num(a.at(2))), buffers, fns);
+  } else if (cmd == "thread_gets") {  // nthreads rounds addr...
+    std::vector<uint64_t> addresses;
+    for (size_t i = 3; i < a.size(); ++i) addresses.push_back(Num(a[i]));
+    *reply =
+        ThreadGets(static_cast<int>(Num(a.at(1))), static_cast<int>(Num(a.at(2))), addresses, fns);
+  } else if (cmd == "thread_exports") {  // nthreads chunks
+    *reply = ThreadExports(static_cast<int>(Num(a.at(1))), Num(a.at(2)), fns);
+  } else if (cmd == "fork_export") {  // chunks seed
+    *reply = ForkExport(Num(a.at(1)), Num(a.at(2)), fns);
+  } else if (cmd == "reap") {  // pid
+    *reply = Reap(static_cast<pid_t>(Num(a.at(1))));
+  } else if (cmd == "fork_storm") {  // n
+    *reply = ForkStorm(static_cast<int>(Num(a.at(1))), fns);
+  } else if (cmd == "fork_open") {  // hex seed size: a forked child opens, checks and closes
+    std::cout.flush();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      g_forked_child = true;
+      alarm(30);
+      std::string r = Run({"open", a.at(1)}, fns);
+      if (r.rfind("ok ", 0) != 0) std::exit(2);
+      const std::string p = r.substr(3);
+      if (Check(Num(p), Num(a.at(3)), Num(a.at(2)), 0) != "ok") std::exit(3);
+      std::exit(Run({"close", p}, fns) == "ok" ? 0 : 4);
+    }
+    *reply = pid < 0 ? "err fork" : "ok " + WaitChild(pid, 40000);
+  } else if (cmd == "cloexec_audit") {
+    *reply = CloexecAudit();
+  } else if (cmd == "exec_fds") {
+    *reply = ExecFds();
+  } else if (cmd == "drop_to") {  // uid
+    *reply = DropTo(static_cast<uint32_t>(Num(a.at(1))));
+  } else {
+    return false;
+  }
+  return true;
+}
+
 std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
   const std::string& cmd = a[0];
   if (cmd == "init") {
@@ -312,10 +762,16 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return next == dflt ? "ok" : "err next=" + Hex(reinterpret_cast<uint64_t>(next)) +
                                      " default=" + Hex(reinterpret_cast<uint64_t>(dflt));
   }
+  if (std::string reply; FaultCommand(a, fns, &reply)) return reply;
   return "err unknown command " + cmd;
 }
 
 }  // namespace
+
+#if defined(__SANITIZE_ADDRESS__)
+// LeakSanitizer's hook: no leak check in forked children (see g_forked_child).
+extern "C" int __lsan_is_turned_off() { return g_forked_child ? 1 : 0; }
+#endif
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "probe") {

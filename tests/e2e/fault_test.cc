@@ -1,0 +1,1231 @@
+// Fault, concurrency and fork scenarios (issue 6) on real processes: an
+// exporter killed before, during or after the fd transfer, exited or freed;
+// a squatter on a dead exporter's socket name; a client of another uid; a
+// stale token; silent and truncated peers; an importer out of fds; a taken
+// zone; a run beyond its slot; driver failures injected on both sides; many
+// threads on both sides; fork of exporters and importers; CLOEXEC. Each fault
+// is checked for its CUresult, its log line, a bounded wait, and for leaving
+// no fd, mapping, reservation or allocation behind (vmmipc_peer `fds` and
+// `stats` before and after). Same harness as e2e_test.cc: label sim on the
+// simulated driver, label gpu on the real one (simulator-only parts skip).
+#include <cuda.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "peer_process.h"
+#include "state/handle_codec.h"
+
+namespace vmmipc::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kChunk = 2ull << 20;
+
+// The zone layout the peers use: from the environment when the suite runs
+// with another layout (ThreadSanitizer builds), else the library's defaults.
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::stoull(value, nullptr, 0) : fallback;
+}
+const uint64_t kZoneBase = EnvOr("VMMIPC_ZONE_BASE", 0x300000000000ull);
+const uint64_t kSlotSize = EnvOr("VMMIPC_SLOT_SIZE", 1ull << 40);
+const uint64_t kSlots = EnvOr("VMMIPC_ZONE_SLOTS", 8);
+const uint64_t kFallbackBase = EnvOr("E2E_FALLBACK_BASE", 0x400000000000ull);
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+uint64_t Num(const std::string& s) { return s.empty() ? 0 : std::stoull(s, nullptr, 0); }
+long MsSince(Clock::time_point start) {
+  return static_cast<long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+}
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+// "err <code> " of a CUresult, as vmmipc_peer answers it.
+std::string ErrPrefix(CUresult code) {
+  return "err " + std::to_string(static_cast<int>(code)) + " ";
+}
+
+state::Vmm2Handle Decode(const std::string& hex) {
+  unsigned char bytes[state::kHandleSize] = {};
+  for (size_t i = 0; i < state::kHandleSize && 2 * i + 1 < hex.size(); ++i)
+    bytes[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  state::Vmm2Handle h;
+  EXPECT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk) << hex;
+  return h;
+}
+std::string Encode(const state::Vmm2Handle& h) {
+  unsigned char bytes[state::kHandleSize];
+  state::EncodeHandle(h, bytes);
+  std::string hex;
+  char two[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(two, sizeof(two), "%02x", b);
+    hex += two;
+  }
+  return hex;
+}
+
+// Descriptors of another process, counted from outside (no command needed,
+// so it works while that process is busy or stopped).
+int FdsOf(pid_t pid) {
+  int n = 0;
+  if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// --- raw protocol pieces, for the test process acting as a hostile peer ----------------------
+
+// The exporter's abstract name "\0vmmipc.<euid>.<pid>" (docs/protocol.md).
+sockaddr_un AbstractName(uint32_t pid, socklen_t* length) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "vmmipc." + std::to_string(geteuid()) + "." + std::to_string(pid);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+int ConnectTo(uint32_t pid) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  socklen_t length = 0;
+  const sockaddr_un addr = AbstractName(pid, &length);
+  if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&addr), length) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+void Put(std::vector<uint8_t>* out, size_t offset, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) (*out)[offset + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+// A version-1 request whose MAC is garbage: right preamble, wrong proof.
+std::vector<uint8_t> RawRequest(const state::Vmm2Handle& h) {
+  std::vector<uint8_t> r(64, 0);
+  Put(&r, 0, 0x51524d56, 4);  // "VMRQ"
+  Put(&r, 4, 1, 2);
+  Put(&r, 8, h.pid, 4);
+  for (int i = 16; i < 32; ++i) r[i] = static_cast<uint8_t>(i);
+  Put(&r, 32, h.address, 8);
+  Put(&r, 40, h.chunk_base, 8);
+  Put(&r, 48, h.generation, 8);
+  Put(&r, 56, 0xabababababababab, 8);
+  return r;
+}
+
+// The status of the one reply message on `fd` (RefuseReason; 0 = grant),
+// -1 on EOF or timeout, -2 when it is not a reply.
+int ReplyStatus(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return -1;
+  uint8_t buf[8192];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  if (n <= 0) return -1;
+  if (n < 32 || std::memcmp(buf, "VMRP", 4) != 0) return -2;
+  return buf[6] | (buf[7] << 8);
+}
+
+// A process that took the socket name of a dead exporter: binds it and
+// answers every connection as `mode` says. It does not hold the exporter's
+// token, so it cannot MAC anything the importer would accept.
+class Squatter {
+ public:
+  enum class Mode { kForgedGrant, kBareBadToken, kGarbage, kSilent };
+
+  Squatter(uint32_t pid, Mode mode, const state::Vmm2Handle& h) : mode_(mode), handle_(h) {
+    listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    socklen_t length = 0;
+    const sockaddr_un addr = AbstractName(pid, &length);
+    bound_ = listen_fd_ >= 0 &&
+             bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), length) == 0 &&
+             listen(listen_fd_, 8) == 0 && pipe2(stop_, O_CLOEXEC) == 0;
+    if (bound_) thread_ = std::thread([this] { Run(); });
+  }
+  ~Squatter() {
+    if (thread_.joinable()) {
+      (void)!write(stop_[1], "x", 1);
+      thread_.join();
+    }
+    for (int fd : {listen_fd_, stop_[0], stop_[1]})
+      if (fd >= 0) close(fd);
+  }
+  bool bound() const { return bound_; }
+  int connections() const { return connections_; }
+
+ private:
+  void Run() {
+    std::vector<int> held;
+    for (;;) {
+      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (poll(p, 2, 10000) <= 0 || p[1].revents != 0) break;
+      const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      ++connections_;
+      held.push_back(conn);
+      pollfd r{conn, POLLIN, 0};
+      uint8_t request[512];
+      if (poll(&r, 1, 5000) <= 0 || recv(conn, request, sizeof(request), 0) <= 0) continue;
+      Answer(conn);
+    }
+    for (int fd : held) close(fd);
+  }
+
+  void Answer(int conn) {
+    std::vector<uint8_t> msg(32, 0);
+    Put(&msg, 0, 0x50524d56, 4);  // "VMRP"
+    Put(&msg, 4, 1, 2);
+    Put(&msg, 24, 0x4242424242424242, 8);  // a MAC it cannot compute
+    switch (mode_) {
+      case Mode::kSilent:
+        return;
+      case Mode::kGarbage:
+        msg.assign(100, 0x5a);
+        break;
+      case Mode::kBareBadToken:
+        Put(&msg, 6, 1, 2);   // kBadToken
+        Put(&msg, 16, 1, 4);  // batch 0 of 1, no entries
+        break;
+      case Mode::kForgedGrant: {
+        Put(&msg, 8, 1, 4);   // one chunk
+        Put(&msg, 16, 1, 4);  // batch 0 of 1
+        Put(&msg, 20, 1, 4);  // one entry
+        msg.resize(56, 0);
+        Put(&msg, 32, handle_.chunk_base, 8);
+        Put(&msg, 40, handle_.chunk_size, 8);
+        Put(&msg, 48, handle_.generation, 8);
+        const int memfd = memfd_create("squatter", MFD_CLOEXEC);
+        (void)!ftruncate(memfd, static_cast<off_t>(handle_.chunk_size));
+        iovec iov{msg.data(), msg.size()};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control;
+        m.msg_controllen = sizeof(control);
+        cmsghdr* c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+        (void)!sendmsg(conn, &m, MSG_NOSIGNAL);
+        close(memfd);
+        return;
+      }
+    }
+    (void)!send(conn, msg.data(), msg.size(), MSG_NOSIGNAL);
+  }
+
+  Mode mode_;
+  state::Vmm2Handle handle_;
+  int listen_fd_ = -1;
+  int stop_[2] = {-1, -1};
+  bool bound_ = false;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+// --- the fixture ------------------------------------------------------------------------------
+
+// What a peer holds: its fds, and (simulated driver) the driver's objects.
+struct Resources {
+  int fds = -1;
+  long mappings = -1, reservations = -1, allocations = -1;
+  bool operator==(const Resources&) const = default;
+};
+std::ostream& operator<<(std::ostream& out, const Resources& r) {
+  return out << "fds=" << r.fds << " mappings=" << r.mappings << " reservations=" << r.reservations
+             << " allocations=" << r.allocations;
+}
+
+class Fault : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!DriverAvailable(&why)) {
+      GTEST_SKIP() << why;
+    }
+  }
+
+  void TearDown() override {
+    for (const auto& [name, path] : logs_) {
+      if (HasFailure()) {
+        std::ifstream in(path);
+        std::cerr << "---- stderr of " << name << " ----\n" << in.rdbuf() << "\n";
+      }
+      std::filesystem::remove(path);
+    }
+  }
+
+  static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
+
+  // A started and initialised peer with the given rank ("" = unranked),
+  // whose stderr (vmmipc's log lines) goes to a file that Log() reads.
+  std::unique_ptr<PeerProcess> Peer(const std::string& name, const std::string& rank,
+                                    std::map<std::string, std::string> env = {}) {
+    env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
+    env.emplace("LOCAL_RANK", kUnset);
+    env.emplace("RANK", kUnset);
+    auto peer = PeerProcess::Start(env);
+    if (peer == nullptr) {
+      ADD_FAILURE() << "cannot start " << name;
+      return nullptr;
+    }
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("vmmipc-fault-" + std::to_string(getpid()) + "-" +
+                               std::to_string(logs_.size()) + "-" + name + ".log"))
+                                 .string();
+    EXPECT_EQ(peer->Call("redirect_stderr " + path), "ok");
+    logs_.emplace_back(name, path);
+    log_of_[peer.get()] = path;
+    EXPECT_EQ(peer->Call("init"), "ok");
+    return peer;
+  }
+
+  std::string Log(const PeerProcess& peer) {
+    std::ifstream in(log_of_[&peer]);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  // `chunks` 2 MiB chunks in `p`, filled with `seed`; returns the base.
+  uint64_t VmmBuffer(PeerProcess& p, const std::string& name, int chunks, int seed) {
+    const uint64_t base =
+        Num(Value(p.Call("alloc_vmm " + name + " " + Hex(kChunk) + " " + std::to_string(chunks))));
+    EXPECT_NE(base, 0u);
+    EXPECT_EQ(p.Call("fill " + Hex(base) + " " + Hex(chunks * kChunk) + " " + std::to_string(seed)),
+              "ok");
+    return base;
+  }
+
+  std::string Handle(PeerProcess& exporter, uint64_t address) {
+    const std::string hex = Value(exporter.Call("get " + Hex(address)));
+    EXPECT_EQ(hex.size(), 128u);
+    return hex;
+  }
+
+  Resources Held(PeerProcess& p) {
+    Resources r;
+    r.fds = static_cast<int>(Num(Value(p.Call("fds"))));
+    const std::string stats = p.Call("stats");
+    if (StartsWith(stats, "ok ")) {
+      auto field = [&](const std::string& key) {
+        const size_t at = stats.find(key + "=");
+        return at == std::string::npos ? -1 : std::stol(stats.substr(at + key.size() + 1));
+      };
+      r.mappings = field("mappings");
+      r.reservations = field("reservations");
+      r.allocations = field("allocations");
+    }
+    return r;
+  }
+
+  // Opens `handle` in `importer`, checks `size` bytes of pattern `seed` and
+  // closes it: makes the importer's lazily created state (zone, logger,
+  // listener-less process state) exist before a baseline is taken.
+  void OpenCheckClose(PeerProcess& importer, const std::string& handle, uint64_t size, int seed) {
+    const std::string ptr = Value(importer.Call("open " + handle));
+    ASSERT_FALSE(ptr.empty());
+    EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(size) + " " + std::to_string(seed)), "ok");
+    EXPECT_EQ(importer.Call("close " + ptr), "ok");
+  }
+
+  std::vector<std::pair<std::string, std::string>> logs_;
+  std::map<const PeerProcess*, std::string> log_of_;
+};
+
+// --- the exporter goes away ---------------------------------------------------------------
+
+TEST_F(Fault, ExporterKilledBeforeServingTheRequestFailsOpenAtOnceAndLeavesNothing) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "10000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 1));
+  const Resources before = Held(*importer);
+
+  // Stopped, the exporter cannot accept: the importer's request waits in its backlog.
+  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  const int importer_fds = FdsOf(importer->pid());
+  auto answer = std::async(std::launch::async, [&] { return importer->Call("open " + handle); });
+  const auto wait_start = Clock::now();
+  while (FdsOf(importer->pid()) <= importer_fds && MsSince(wait_start) < 5000) usleep(1000);
+  usleep(100000);  // connected: now the request is sent
+  const auto start = Clock::now();
+  exporter->Kill();
+  const std::string result = answer.get();
+
+  EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+  EXPECT_LT(MsSince(start), 2000) << "must not wait for its own 10 s timeout";
+  EXPECT_NE(Log(*importer).find("closed the connection; returning CUDA_ERROR_MAP_FAILED"),
+            std::string::npos);
+  EXPECT_EQ(Held(*importer), before);
+}
+
+TEST_F(Fault, ExporterKilledWhilePreparingTheFdsFailsOpenAndLeavesNothing) {
+  // The exporter exports one fd per chunk before it sends anything; a large
+  // run makes that phase long enough to stop the exporter inside it, seen
+  // from outside as its fd count rising.
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "20000"}});
+  ASSERT_TRUE(StartsWith(importer->Call("nofile_max"), "ok"));
+  const Resources before = Held(*importer);
+  bool caught = false;
+  for (int chunks : {512, 1024, 2048, 4096}) {
+    auto exporter =
+        Peer("exporter" + std::to_string(chunks), "0", {{"SIMCUDA_TOTAL_MEM_MIB", "65536"}});
+    ASSERT_TRUE(StartsWith(exporter->Call("nofile_max"), "ok"));
+    const uint64_t base =
+        Num(Value(exporter->Call("alloc_vmm a " + Hex(kChunk) + " " + std::to_string(chunks))));
+    ASSERT_NE(base, 0u);
+    ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 2"), "ok");
+    const std::string handle = Handle(*exporter, base);
+    const int idle = FdsOf(exporter->pid());
+
+    auto answer = std::async(std::launch::async, [&] { return importer->Call("open " + handle); });
+    const auto start = Clock::now();
+    int seen = idle;
+    while (seen < idle + chunks / 4 && MsSince(start) < 10000 &&
+           answer.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      seen = FdsOf(exporter->pid());
+    kill(exporter->pid(), SIGSTOP);
+    seen = FdsOf(exporter->pid());
+    const bool mid_export = seen > idle && seen < idle + chunks;
+    exporter->Kill();
+    const std::string result = answer.get();
+    if (mid_export) {
+      // Nothing was sent yet: the importer sees the connection end.
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+      caught = true;
+    } else if (StartsWith(result, "ok ")) {
+      // Too late: the transfer was complete, the memory outlives its exporter.
+      EXPECT_EQ(importer->Call("check " + Value(result) + " " + Hex(kChunk) + " 2"), "ok");
+      EXPECT_EQ(importer->Call("close " + Value(result)), "ok");
+    } else {
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+    }
+    Resources after = Held(*importer);
+    after.reservations = before.reservations;  // the zone stays once a run was placed
+    EXPECT_EQ(after, before) << chunks << " chunks";
+    if (caught) break;
+  }
+  if (!caught) {
+    GTEST_SKIP() << "never caught the exporter inside its export phase";
+  }
+}
+
+TEST_F(Fault, HungExporterCostsTheImporterItsTimeoutThenServesAgain) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 22));
+  const Resources before = Held(*importer);
+  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  const auto start = Clock::now();
+  const std::string result = importer->Call("open " + handle);
+  const long elapsed = MsSince(start);
+  ASSERT_EQ(kill(exporter->pid(), SIGCONT), 0);
+  EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+  EXPECT_GE(elapsed, 900);
+  EXPECT_LT(elapsed, 2500);
+  EXPECT_NE(Log(*importer).find("no answer within 1000 ms; returning CUDA_ERROR_MAP_FAILED"),
+            std::string::npos);
+  EXPECT_EQ(Held(*importer), before);
+  // Resumed, the exporter finds that importer gone and serves the next one.
+  OpenCheckClose(*importer, handle, kChunk, 22);
+}
+
+TEST_F(Fault, ExporterKilledAfterTheTransferLeavesTheImportReadableAndClosable) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "2000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 3));
+  const std::string ptr = Value(importer->Call("open " + handle));
+  ASSERT_FALSE(ptr.empty());
+  exporter->Kill();
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(2 * kChunk) + " 3"), "ok");
+  // Still open: the same handle gives the same pointer without asking anyone.
+  EXPECT_EQ(importer->Call("open " + handle), "ok " + ptr);
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  // Closed: a new open must ask the exporter, who is gone.
+  const auto start = Clock::now();
+  EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  EXPECT_LT(MsSince(start), 2000);
+  if (Sim()) {
+    EXPECT_EQ(Held(*importer).mappings, 0);
+  }
+}
+
+TEST_F(Fault, ExporterThatExitedFailsOpenAtOnceAsInvalidHandle) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 4));
+  const uint32_t pid = static_cast<uint32_t>(exporter->pid());
+  exporter.reset();  // "exit": a clean exit, listener and all
+  const Resources before = Held(*importer);
+  const auto start = Clock::now();
+  EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  EXPECT_LT(MsSince(start), 2000);
+  EXPECT_NE(Log(*importer).find("nobody listens on @vmmipc." + std::to_string(geteuid()) + "." +
+                                std::to_string(pid)),
+            std::string::npos);
+  EXPECT_EQ(Held(*importer), before);
+}
+
+TEST_F(Fault, MemoryFreedByTheExporterIsRefusedAndAnOpenImportSurvivesTheFree) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string kept = Handle(*exporter, VmmBuffer(*exporter, "kept", 2, 5));
+  const std::string freed = Handle(*exporter, VmmBuffer(*exporter, "freed", 1, 6));
+  const std::string ptr = Value(importer->Call("open " + kept));
+  ASSERT_FALSE(ptr.empty());
+  ASSERT_EQ(exporter->Call("free_vmm kept"), "ok");
+  ASSERT_EQ(exporter->Call("free_vmm freed"), "ok");
+  // Open before the free: still the exporter's bytes.
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(2 * kChunk) + " 5"), "ok");
+  const Resources before = Held(*importer);
+  EXPECT_TRUE(StartsWith(importer->Call("open " + freed), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  EXPECT_EQ(Held(*importer), before);
+  EXPECT_NE(Log(*importer).find("refused: freed; returning CUDA_ERROR_INVALID_HANDLE"),
+            std::string::npos);
+  EXPECT_NE(Log(*exporter).find(": freed ("), std::string::npos);
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  if (Sim()) {
+    EXPECT_EQ(Held(*importer).mappings, 0);
+  }
+}
+
+// --- hostile peers ---------------------------------------------------------------------------
+
+const char* ModeName(Squatter::Mode mode) {
+  switch (mode) {
+    case Squatter::Mode::kForgedGrant:
+      return "ForgedGrant";
+    case Squatter::Mode::kBareBadToken:
+      return "BareBadToken";
+    case Squatter::Mode::kGarbage:
+      return "Garbage";
+    case Squatter::Mode::kSilent:
+      return "Silent";
+  }
+  return "Unknown";
+}
+void PrintTo(Squatter::Mode mode, std::ostream* out) { *out << ModeName(mode); }
+
+class SquatterTest : public Fault, public ::testing::WithParamInterface<Squatter::Mode> {};
+
+TEST_P(SquatterTest, SquatterOnADeadExportersNameCannotServeMemory) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 7));
+  const state::Vmm2Handle h = Decode(handle);
+  exporter->Kill();
+  Squatter squatter(h.pid, GetParam(), h);
+  ASSERT_TRUE(squatter.bound());
+  const Resources before = Held(*importer);
+
+  const auto start = Clock::now();
+  const std::string result = importer->Call("open " + handle);
+  const long elapsed = MsSince(start);
+  EXPECT_EQ(squatter.connections(), 1);
+  switch (GetParam()) {
+    case Squatter::Mode::kForgedGrant:
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_NOT_PERMITTED))) << result;
+      EXPECT_NE(Log(*importer).find("with a MAC that does not verify: not the exporter that made "
+                                    "this handle; returning CUDA_ERROR_NOT_PERMITTED"),
+                std::string::npos);
+      break;
+    case Squatter::Mode::kBareBadToken:
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_INVALID_HANDLE))) << result;
+      EXPECT_NE(Log(*importer).find("(unverified answer"), std::string::npos);
+      break;
+    case Squatter::Mode::kGarbage:
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+      EXPECT_NE(Log(*importer).find("bad magic; returning CUDA_ERROR_MAP_FAILED"),
+                std::string::npos);
+      break;
+    case Squatter::Mode::kSilent:
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+      EXPECT_GE(elapsed, 900);  // its timeout, VMMIPC_TIMEOUT_MS=1000 ...
+      EXPECT_NE(Log(*importer).find("no answer within 1000 ms"), std::string::npos);
+      break;
+  }
+  EXPECT_LT(elapsed, 2500);  // ... and never much more
+  // Nothing of the squatter's was mapped or kept.
+  EXPECT_EQ(Held(*importer), before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SquatterTest,
+                         ::testing::Values(Squatter::Mode::kForgedGrant,
+                                           Squatter::Mode::kBareBadToken, Squatter::Mode::kGarbage,
+                                           Squatter::Mode::kSilent),
+                         [](const ::testing::TestParamInfo<Squatter::Mode>& info) {
+                           return std::string(ModeName(info.param));
+                         });
+
+// Runs `body` in a child that became uid 65534 (root only), under a 30 s
+// alarm; its return value is the child's exit code. Returns the child's pid.
+pid_t AsNobody(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(30);
+    if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0)
+      _exit(20);
+    _exit(body());
+  }
+  return child;
+}
+
+// The root exporter's name, connected to by hand: another user's client would
+// not find it under its own uid's name.
+int ConnectToRootsName(uint32_t pid) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "vmmipc.0." + std::to_string(pid);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return connect(fd, reinterpret_cast<const sockaddr*>(&addr), length) == 0 ? fd : -1;
+}
+
+int ExitCode(pid_t child) {
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(Fault, ClientOfAnotherUidGetsOnlyAWrongUserRefusal) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to become another user";
+  }
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 8));
+  const state::Vmm2Handle h = Decode(handle);
+  const std::vector<uint8_t> request = RawRequest(h);
+  int sent[2];
+  ASSERT_EQ(pipe2(sent, O_CLOEXEC), 0);
+  // Stopped while the request is queued, so it is there when the exporter accepts.
+  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  const pid_t child = AsNobody([&] {
+    const int fd = ConnectToRootsName(h.pid);
+    if (fd < 0) return 21;
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != 64) return 22;
+    (void)!write(sent[1], "s", 1);
+    const int status = ReplyStatus(fd, 5000);
+    return status == 2 ? 0 : 30 + (status & 0x3f);  // 2: kWrongUser
+  });
+  ASSERT_GT(child, 0);
+  close(sent[1]);
+  char c = 0;
+  EXPECT_EQ(read(sent[0], &c, 1), 1);
+  close(sent[0]);
+  ASSERT_EQ(kill(exporter->pid(), SIGCONT), 0);
+  EXPECT_EQ(ExitCode(child), 0);
+  EXPECT_NE(Log(*exporter).find("uid 65534 for address " + Hex(h.address) +
+                                ": wrong user (peer uid 65534 is not this process's uid 0)"),
+            std::string::npos);
+  // The exporter keeps serving its own user.
+  OpenCheckClose(*importer, handle, kChunk, 8);
+}
+
+TEST_F(Fault, SilentPeersOfAnotherUidCannotStallTheExporter) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to become another user";
+  }
+  constexpr int kSilent = 10;
+  auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "10000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 21));
+  const uint32_t pid = Decode(handle).pid;
+  int ready[2], release[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(release, O_CLOEXEC), 0);
+  const pid_t child = AsNobody([&] {
+    close(release[1]);
+    std::vector<int> held;
+    for (int i = 0; i < kSilent; ++i) held.push_back(ConnectToRootsName(pid));
+    (void)!write(ready[1], "r", 1);
+    char c;
+    (void)!read(release[0], &c, 1);  // silent until the parent is done
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  close(ready[1]);
+  close(release[0]);
+  char c = 0;
+  EXPECT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  // Queued behind ten silent connections of another user; with the full 3 s
+  // each, this open would run out of its own 10 s.
+  const auto start = Clock::now();
+  const std::string ptr = Value(importer->Call("open " + handle));
+  const long elapsed = MsSince(start);
+  close(release[1]);
+  EXPECT_EQ(ExitCode(child), 0);
+  ASSERT_FALSE(ptr.empty());
+  EXPECT_LT(elapsed, 2000);
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 21"), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  EXPECT_NE(Log(*exporter).find("uid 65534: no request (timed out after 50 ms, another user's "
+                                "grace)"),
+            std::string::npos);
+}
+
+TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to become another user";
+  }
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 9));
+  ASSERT_EQ(importer->Call("drop_to 65534"), "ok");
+  const Resources before = Held(*importer);
+  EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  EXPECT_NE(
+      Log(*importer).find("nobody listens on @vmmipc.65534." + std::to_string(exporter->pid())),
+      std::string::npos);
+  EXPECT_EQ(Held(*importer), before);
+  EXPECT_EQ(Log(*exporter).find("refused peer"), std::string::npos);
+}
+
+TEST_F(Fault, SquatterOfAnotherUidGetsNotEvenTheRequest) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to become another user";
+  }
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 9));
+  const state::Vmm2Handle h = Decode(handle);
+  exporter->Kill();
+  // Another user binds our uid's name for the dead pid (abstract names are
+  // not access-checked) and reports whether a request ever reached it.
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(20);
+    if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0)
+      _exit(20);
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string name = "vmmipc.0." + std::to_string(h.pid);
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), length) != 0 || listen(fd, 4) != 0)
+      _exit(21);
+    (void)!write(ready[1], "r", 1);
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) _exit(22);
+    const int conn = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd r{conn, POLLIN, 0};
+    char buf[128];
+    // Nothing may arrive; EOF (the importer hung up) is the expected end.
+    if (poll(&r, 1, 5000) <= 0) _exit(23);
+    _exit(recv(conn, buf, sizeof(buf), 0) == 0 ? 0 : 24);
+  }
+  ASSERT_GT(child, 0);
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  const Resources before = Held(*importer);
+  EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_NOT_PERMITTED)));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "squatter status " << status;
+  EXPECT_NE(Log(*importer).find("of uid 65534, not by our uid 0; returning "
+                                "CUDA_ERROR_NOT_PERMITTED"),
+            std::string::npos);
+  EXPECT_EQ(Held(*importer), before);
+}
+
+TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
+  auto exporter = Peer("exporter", "0");
+  auto other = Peer("other", "2");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 10));
+  (void)Handle(*other, VmmBuffer(*other, "b", 1, 11));  // `other` listens too
+  const Resources before = Held(*importer);
+  // The same pid with another token (a new process that got the pid), and a
+  // handle whose pid now names another live vmmipc process.
+  state::Vmm2Handle stale = Decode(handle);
+  stale.token ^= 0x1;
+  state::Vmm2Handle reused = Decode(handle);
+  reused.pid = static_cast<uint32_t>(other->pid());
+  for (const state::Vmm2Handle& h : {stale, reused}) {
+    EXPECT_TRUE(
+        StartsWith(importer->Call("open " + Encode(h)), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  }
+  EXPECT_EQ(Held(*importer), before);
+  EXPECT_NE(Log(*importer).find("refused the handle's token (unverified answer"),
+            std::string::npos);
+  EXPECT_NE(Log(*exporter).find("bad token (request MAC does not verify"), std::string::npos);
+  EXPECT_NE(Log(*other).find("bad token (request MAC does not verify"), std::string::npos);
+  // The genuine handle still works.
+  OpenCheckClose(*importer, handle, kChunk, 10);
+}
+
+TEST_F(Fault, SilentPeerDelaysOthersByAtMostTheExportersTimeout) {
+  auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "5000"}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 12));
+  const int silent = ConnectTo(static_cast<uint32_t>(exporter->pid()));
+  ASSERT_GE(silent, 0);
+  usleep(50000);  // accepted: the listener now waits for its request
+  const auto start = Clock::now();
+  const std::string ptr = Value(importer->Call("open " + handle));
+  const long elapsed = MsSince(start);
+  EXPECT_FALSE(ptr.empty());
+  EXPECT_LT(elapsed, 2500) << "served once the silent peer timed out";
+  EXPECT_EQ(ReplyStatus(silent, 100), -1) << "the silent peer was dropped without an answer";
+  close(silent);
+  EXPECT_NE(Log(*exporter).find("no request (timed out after 1000 ms)"), std::string::npos);
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 12"), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+}
+
+TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeepsServing) {
+  auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 13));
+  const state::Vmm2Handle h = Decode(handle);
+  const uint32_t pid = h.pid;
+  const int exporter_fds = FdsOf(exporter->pid());
+  const std::vector<uint8_t> request = RawRequest(h);
+
+  // Half a request: too short for a preamble, so there is no nonce to answer with.
+  int fd = ConnectTo(pid);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(send(fd, request.data(), 20, MSG_NOSIGNAL), 20);
+  EXPECT_EQ(ReplyStatus(fd, 2000), -1);
+  close(fd);
+  // A preamble and nothing else: refused as a bad request.
+  fd = ConnectTo(pid);
+  ASSERT_EQ(send(fd, request.data(), 40, MSG_NOSIGNAL), 40);
+  EXPECT_EQ(ReplyStatus(fd, 2000), 8);  // kBadRequest
+  close(fd);
+  // A whole request carrying an fd: refused, and the fd is not kept.
+  fd = ConnectTo(pid);
+  {
+    const int memfd = memfd_create("unwanted", MFD_CLOEXEC);
+    iovec iov{const_cast<uint8_t*>(request.data()), request.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 64);
+    close(memfd);
+  }
+  EXPECT_EQ(ReplyStatus(fd, 2000), 8);
+  close(fd);
+  // Connect and hang up at once.
+  fd = ConnectTo(pid);
+  close(fd);
+  // A request with a wrong MAC: bad token.
+  fd = ConnectTo(pid);
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), 64);
+  EXPECT_EQ(ReplyStatus(fd, 2000), 1);  // kBadToken
+  close(fd);
+
+  OpenCheckClose(*importer, handle, kChunk, 13);
+  const std::string log = Log(*exporter);
+  EXPECT_NE(log.find("not a vmmipc request (too short)"), std::string::npos);
+  EXPECT_NE(log.find("bad request (request version 1, 40 bytes: bad length)"), std::string::npos);
+  EXPECT_NE(log.find("bad request (the request carried 1 fds)"), std::string::npos);
+  EXPECT_NE(log.find("no request (peer closed the connection)"), std::string::npos);
+  usleep(100000);
+  EXPECT_EQ(FdsOf(exporter->pid()), exporter_fds) << "the exporter kept a descriptor";
+}
+
+// --- resources of the importer ----------------------------------------------------------------
+
+TEST_F(Fault, NearlyExhaustedFdLimitFailsOpenCleanlyThenOpenRecovers) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 4, 14));
+  OpenCheckClose(*importer, handle, 4 * kChunk, 14);
+  const Resources before = Held(*importer);
+  int failures = 0, successes = 0;
+  for (int free_fds = 0; free_fds <= 10; ++free_fds) {
+    ASSERT_TRUE(StartsWith(importer->Call("headroom " + std::to_string(free_fds)), "ok "));
+    const std::string result = importer->Call("open " + handle);
+    if (StartsWith(result, "ok ")) {
+      ++successes;
+      EXPECT_EQ(importer->Call("check " + Value(result) + " " + Hex(4 * kChunk) + " 14"), "ok");
+      EXPECT_EQ(importer->Call("close " + Value(result)), "ok");
+    } else {
+      ++failures;
+      // Out of descriptors is the host's condition, not a bad handle.
+      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_OPERATING_SYSTEM)) ||
+                  StartsWith(result, ErrPrefix(CUDA_ERROR_OUT_OF_MEMORY)))
+          << free_fds << " free fds: " << result;
+    }
+    ASSERT_TRUE(StartsWith(importer->Call("nofile_max"), "ok "));
+    EXPECT_EQ(Held(*importer), before) << free_fds << " free fds";
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_GT(successes, 0);
+  EXPECT_NE(Log(*importer).find("returning CUDA_ERROR_OPERATING_SYSTEM"), std::string::npos);
+}
+
+TEST_F(Fault, TakenZoneAndFallbackPlaceBestEffortSayWhyAndFreeTheReservation) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1", {{"VMMIPC_ZONE_FALLBACK_BASE", Hex(kFallbackBase)}});
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 15));
+  ASSERT_EQ(importer->Call("occupy " + Hex(kZoneBase) + " " + Hex(kChunk)), "ok");
+  ASSERT_EQ(importer->Call("occupy " + Hex(kFallbackBase + kChunk) + " " + Hex(kChunk)), "ok");
+  const Resources before = Held(*importer);
+  const uint64_t ptr = Num(Value(importer->Call("open " + handle)));
+  ASSERT_NE(ptr, 0u);
+  EXPECT_TRUE(ptr < kZoneBase || ptr >= kFallbackBase + kSlots * kSlotSize) << Hex(ptr);
+  EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(2 * kChunk) + " 15"), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  EXPECT_EQ(Held(*importer), before);
+  const std::string log = Log(*importer);
+  EXPECT_NE(log.find("no import zone (tried " + Hex(kZoneBase) + " and " + Hex(kFallbackBase)),
+            std::string::npos);
+  EXPECT_NE(log.find("best-effort, not at a deterministic address: there is no import zone"),
+            std::string::npos);
+}
+
+TEST_F(Fault, RunBeyondItsSlotIsPlacedBestEffortWithCorrectData) {
+  // 16 slots of 8 MiB: a 4 MiB buffer at offset 0 fits rank 0's slot, a 16 MiB one does not.
+  auto exporter = Peer("exporter", "0");
+  auto importer =
+      Peer("importer", "1", {{"VMMIPC_SLOT_SIZE", "0x800000"}, {"VMMIPC_ZONE_SLOTS", "16"}});
+  const uint64_t small = VmmBuffer(*exporter, "small", 2, 16);
+  const uint64_t large = VmmBuffer(*exporter, "large", 8, 17);
+  const std::string small_handle = Handle(*exporter, small);
+  const std::string large_handle = Handle(*exporter, large + 7 * kChunk);
+  const state::Vmm2Handle s = Decode(small_handle);
+  ASSERT_EQ(s.chunk_base, s.region_base) << "the small buffer starts its region";
+
+  const uint64_t small_ptr = Num(Value(importer->Call("open " + small_handle)));
+  EXPECT_EQ(small_ptr, kZoneBase);  // rank 0, offset 0
+  const uint64_t large_ptr = Num(Value(importer->Call("open " + large_handle)));
+  ASSERT_NE(large_ptr, 0u);
+  EXPECT_TRUE(large_ptr < kZoneBase || large_ptr >= kZoneBase + 16 * 0x800000ull) << Hex(large_ptr);
+  EXPECT_EQ(
+      importer->Call("check " + Hex(large_ptr) + " " + Hex(kChunk) + " 17 " + Hex(7 * kChunk)),
+      "ok");
+  EXPECT_NE(Log(*importer).find("the run does not fit the exporter's slot"), std::string::npos);
+  EXPECT_EQ(importer->Call("close " + Hex(large_ptr)), "ok");
+  EXPECT_EQ(importer->Call("close " + Hex(small_ptr)), "ok");
+  if (Sim()) {
+    EXPECT_EQ(Held(*importer).mappings, 0);
+  }
+}
+
+// --- driver failures (simulated driver) ----------------------------------------------------
+
+struct Injection {
+  const char* side;  // "importer" or "exporter"
+  const char* function;
+  unsigned nth;
+  CUresult expected;  // what the importer's cuIpcOpenMemHandle returns
+  const char* log;    // a line the failing side writes
+};
+
+void PrintTo(const Injection& in, std::ostream* out) {
+  *out << in.side << " " << in.function << " call " << in.nth;
+}
+
+class DriverFailure : public Fault, public ::testing::WithParamInterface<Injection> {};
+
+TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  const Injection& in = GetParam();
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string warm = Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 18));
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 19));
+  OpenCheckClose(*importer, warm, kChunk, 18);  // the zone exists from here on
+  const Resources importer_before = Held(*importer);
+  const Resources exporter_before = Held(*exporter);
+
+  PeerProcess& side = std::string(in.side) == "importer" ? *importer : *exporter;
+  ASSERT_EQ(side.Call("inject " + std::string(in.function) + " " + std::to_string(in.nth) + " " +
+                      std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
+            "ok");
+  const std::string result = importer->Call("open " + handle);
+  EXPECT_TRUE(StartsWith(result, ErrPrefix(in.expected))) << result;
+  EXPECT_NE(Log(side).find(in.log), std::string::npos) << in.log;
+  EXPECT_EQ(Held(*importer), importer_before);
+  EXPECT_EQ(Held(*exporter), exporter_before);
+  // Nothing half-recorded either: the next open maps all three chunks afresh.
+  OpenCheckClose(*importer, handle, 3 * kChunk, 19);
+  EXPECT_EQ(Held(*importer), importer_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Injected, DriverFailure,
+    ::testing::Values(Injection{"importer", "cuMemImportFromShareableHandle", 2,
+                                CUDA_ERROR_OUT_OF_MEMORY,
+                                "MemImportFromShareableHandle failed: CUDA_ERROR_OUT_OF_MEMORY"},
+                      Injection{"importer", "cuMemMap", 3, CUDA_ERROR_OUT_OF_MEMORY,
+                                "of an imported chunk failed: CUDA_ERROR_OUT_OF_MEMORY"},
+                      Injection{"importer", "cuMemSetAccess", 1, CUDA_ERROR_OUT_OF_MEMORY,
+                                "failed: CUDA_ERROR_OUT_OF_MEMORY"},
+                      Injection{"exporter", "cuMemExportToShareableHandle", 2,
+                                CUDA_ERROR_MAP_FAILED,
+                                "export failed (cuMemExportToShareableHandle("},
+                      // Any failure to describe the chunk reads as "freed" to the exporter.
+                      Injection{"exporter", "cuMemRetainAllocationHandle", 1,
+                                CUDA_ERROR_INVALID_HANDLE, "is no longer mapped VMM memory"}),
+    [](const ::testing::TestParamInfo<Injection>& info) {
+      return std::string(info.param.side) + "_" + info.param.function + "_" +
+             std::to_string(info.param.nth);
+    });
+
+TEST_F(Fault, FailedBestEffortReservationFailsOpenAndLeavesNothing) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto exporter = Peer("exporter", "");  // unranked: best-effort, one reservation per run
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 20));
+  const Resources before = Held(*importer);
+  ASSERT_EQ(importer->Call("inject cuMemAddressReserve 1 2"), "ok");
+  EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_OUT_OF_MEMORY)));
+  EXPECT_EQ(Held(*importer), before);
+  OpenCheckClose(*importer, handle, 2 * kChunk, 20);
+  EXPECT_EQ(Held(*importer), before);
+}
+
+// --- concurrency ------------------------------------------------------------------------------
+
+// "seed:size:hex" of a buffer, as thread_opens takes it.
+std::string Spec(int seed, uint64_t size, const std::string& hex) {
+  return std::to_string(seed) + ":" + Hex(size) + ":" + hex;
+}
+
+TEST_F(Fault, ManyThreadsOpenAndCloseHandlesOfSeveralExportersAtOnce) {
+  constexpr int kThreads = 8, kIterations = 100;
+  std::vector<std::unique_ptr<PeerProcess>> exporters;
+  std::string specs;
+  int seed = 30;
+  for (const char* rank : {"0", "2", "5"}) {
+    exporters.push_back(Peer(std::string("exporter") + rank, rank));
+    for (int chunks : {1, 3}) {
+      const uint64_t base = VmmBuffer(*exporters.back(), "b" + std::to_string(seed), chunks, seed);
+      specs += " " + Spec(seed, chunks * kChunk, Handle(*exporters.back(), base));
+      ++seed;
+    }
+  }
+  auto importer = Peer("importer", "1");
+  const Resources before = Held(*importer);
+  const std::string result = importer->Call(
+      "thread_opens " + std::to_string(kThreads) + " " + std::to_string(kIterations) + specs,
+      120000);
+  EXPECT_EQ(result,
+            "ok opens=" + std::to_string(kThreads * kIterations) + " failures=0 mismatches=0");
+  Resources after = Held(*importer);
+  after.reservations = before.reservations < 0 ? -1 : after.reservations - 1;  // the zone
+  EXPECT_EQ(after, before);
+}
+
+TEST_F(Fault, ExporterExportingFromManyThreadsGivesConsistentHandlesThatAllOpen) {
+  constexpr int kThreads = 8;
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  // Eight threads allocate and export at once: the first export starts the listener.
+  const std::string exported =
+      exporter->Call("thread_exports " + std::to_string(kThreads) + " 2", 60000);
+  ASSERT_TRUE(StartsWith(exported, "ok ")) << exported;
+  EXPECT_EQ(importer->Call("thread_opens 4 40 " + Value(exported), 60000),
+            "ok opens=160 failures=0 mismatches=0");
+  // Eight threads export the same four addresses twenty times: one handle per address.
+  std::string addresses;
+  std::vector<uint64_t> bases;
+  for (int i = 0; i < 4; ++i) {
+    bases.push_back(VmmBuffer(*exporter, "g" + std::to_string(i), 1, 40 + i));
+    addresses += " " + Hex(bases.back() + 64 * i);
+  }
+  const std::string handles =
+      exporter->Call("thread_gets " + std::to_string(kThreads) + " 20" + addresses, 60000);
+  ASSERT_TRUE(StartsWith(handles, "ok ")) << handles;
+  std::istringstream each(Value(handles));
+  int i = 0;
+  for (std::string hex; each >> hex; ++i) {
+    EXPECT_EQ(hex, Handle(*exporter, bases[i] + 64 * i)) << "a thread saw another handle";
+    const uint64_t ptr = Num(Value(importer->Call("open " + hex)));
+    ASSERT_NE(ptr, 0u);
+    EXPECT_EQ(importer->Call("check " + Hex(ptr) + " " + Hex(kChunk - 64 * i) + " " +
+                             std::to_string(40 + i) + " " + Hex(64 * i)),
+              "ok");
+    EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  }
+  EXPECT_EQ(i, 4);
+}
+
+TEST_F(Fault, ImportsProceedWhileTheExporterExportsFromManyThreads) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string first = exporter->Call("thread_exports 4 1", 60000);
+  ASSERT_TRUE(StartsWith(first, "ok ")) << first;
+  auto opens = std::async(std::launch::async, [&] {
+    return importer->Call("thread_opens 4 100 " + Value(first), 120000);
+  });
+  const std::string second = exporter->Call("thread_exports 8 1", 60000);
+  EXPECT_TRUE(StartsWith(second, "ok ")) << second;
+  EXPECT_EQ(opens.get(), "ok opens=400 failures=0 mismatches=0");
+  EXPECT_EQ(importer->Call("thread_opens 8 16 " + Value(second), 60000),
+            "ok opens=128 failures=0 mismatches=0");
+}
+
+// --- fork ------------------------------------------------------------------------------------
+
+TEST_F(Fault, ForkedExporterChildExportsThroughItsOwnListenerAndTheParentKeepsServing) {
+  if (!Sim()) {
+    GTEST_SKIP() << "a forked child cannot use the real driver";
+  }
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string parent_handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 50));
+  const std::string parent_ptr = Value(importer->Call("open " + parent_handle));
+  ASSERT_FALSE(parent_ptr.empty());
+
+  const std::string forked = exporter->Call("fork_export 2 51", 30000);
+  ASSERT_TRUE(StartsWith(forked, "ok ")) << forked;
+  std::istringstream words(Value(forked));
+  std::string child_pid, child_handle;
+  words >> child_pid >> child_handle;
+  const state::Vmm2Handle child = Decode(child_handle);
+  const state::Vmm2Handle parent = Decode(parent_handle);
+  EXPECT_EQ(child.pid, Num(child_pid));
+  EXPECT_NE(child.token, parent.token) << "a forked child must not keep its parent's token";
+
+  const std::string child_ptr = Value(importer->Call("open " + child_handle));
+  ASSERT_FALSE(child_ptr.empty());
+  EXPECT_EQ(importer->Call("check " + child_ptr + " " + Hex(2 * kChunk) + " 51"), "ok");
+  EXPECT_EQ(importer->Call("close " + child_ptr), "ok");
+  // The child ends through exit(); its leftover copy of the parent's listener must not
+  // stop the parent's.
+  EXPECT_EQ(exporter->Call("reap " + child_pid, 30000), "ok exit=0");
+  EXPECT_EQ(importer->Call("close " + parent_ptr), "ok");
+  OpenCheckClose(*importer, parent_handle, 2 * kChunk, 50);
+  EXPECT_NE(
+      Log(*exporter).find("listening on @vmmipc." + std::to_string(geteuid()) + "." + child_pid),
+      std::string::npos);
+}
+
+TEST_F(Fault, ForksWhileServingNeitherHangTheChildrenNorBreakTheParent) {
+  constexpr int kForks = 20;
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  std::string specs;
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t base = VmmBuffer(*exporter, "f" + std::to_string(i), 1, 60 + i);
+    specs += " " + Spec(60 + i, kChunk, Handle(*exporter, base));
+  }
+  auto opens = std::async(std::launch::async,
+                          [&] { return importer->Call("thread_opens 4 150" + specs, 120000); });
+  EXPECT_EQ(exporter->Call("fork_storm " + std::to_string(kForks), 120000),
+            "ok exited=" + std::to_string(kForks));
+  EXPECT_EQ(opens.get(), "ok opens=600 failures=0 mismatches=0");
+  // And the importer side forks too, with its imports open.
+  const std::string last = Handle(*exporter, VmmBuffer(*exporter, "g", 1, 63));
+  const std::string ptr = Value(importer->Call("open " + last));
+  ASSERT_FALSE(ptr.empty());
+  EXPECT_EQ(importer->Call("fork_storm 5", 60000), "ok exited=5");
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 63"), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+}
+
+TEST_F(Fault, ForkedImporterChildOpensOnItsOwnAndTheParentsImportSurvives) {
+  if (!Sim()) {
+    GTEST_SKIP() << "a forked child cannot use the real driver";
+  }
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 70));
+  const std::string ptr = Value(importer->Call("open " + handle));
+  ASSERT_FALSE(ptr.empty());
+  EXPECT_EQ(importer->Call("fork_open " + handle + " 70 " + Hex(2 * kChunk), 60000), "ok exit=0");
+  EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(2 * kChunk) + " 70"), "ok");
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+  if (Sim()) {
+    EXPECT_EQ(Held(*importer).mappings, 0);
+  }
+}
+
+// The descriptors a program exec'd by `p` inherits (`ls` reading its own
+// /proc/self/fd), without 0-2 and the one `ls` opened to read them.
+std::set<std::string> InheritedAcrossExec(PeerProcess& p) {
+  const std::string fds = p.Call("exec_fds");
+  EXPECT_TRUE(StartsWith(fds, "ok")) << fds;
+  std::set<std::string> out;
+  std::istringstream each(fds.size() > 2 ? fds.substr(3) : "");
+  for (std::string entry; each >> entry;) {
+    if (std::atoi(entry.c_str()) <= 2) continue;
+    const size_t eq = entry.find('=');
+    const std::string target = eq == std::string::npos ? "" : entry.substr(eq + 1);
+    if (StartsWith(target, "/proc/") && target.size() > 3 &&
+        target.compare(target.size() - 3, 3, "/fd") == 0)
+      continue;
+    out.insert(entry);
+  }
+  return out;
+}
+
+TEST_F(Fault, EveryDescriptorVmmipcOpensIsCloexec) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  // Descriptors the harness itself passed down, if any, are not vmmipc's.
+  const std::string exporter_audit = exporter->Call("cloexec_audit");
+  const std::string importer_audit = importer->Call("cloexec_audit");
+  const std::set<std::string> exporter_exec = InheritedAcrossExec(*exporter);
+  const std::set<std::string> importer_exec = InheritedAcrossExec(*importer);
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 80));
+  const std::string ptr = Value(importer->Call("open " + handle));
+  ASSERT_FALSE(ptr.empty());
+  // Listener socket, eventfd, accepted and received fds, chunk fds: all CLOEXEC.
+  EXPECT_EQ(exporter->Call("cloexec_audit"), exporter_audit);
+  EXPECT_EQ(importer->Call("cloexec_audit"), importer_audit);
+  // What an exec'd program really inherits: nothing new.
+  EXPECT_EQ(InheritedAcrossExec(*exporter), exporter_exec);
+  EXPECT_EQ(InheritedAcrossExec(*importer), importer_exec);
+  EXPECT_EQ(importer->Call("close " + ptr), "ok");
+}
+
+}  // namespace
+}  // namespace vmmipc::testing
