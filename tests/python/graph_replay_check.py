@@ -43,7 +43,11 @@ def exporter():
     print(f"HANDLE {raw.hex()} {tensor.data_ptr():#x}", flush=True)
     for line in sys.stdin:
         words = line.split()
-        if words and words[0] == "expect":
+        if words and words[0] == "fill":
+            tensor.fill_(int(words[1]))
+            torch.cuda.synchronize()
+            print("FILLED", flush=True)
+        elif words and words[0] == "expect":
             value = int(words[1])
             torch.cuda.synchronize()
             bad = int((tensor != value).sum().item())
@@ -124,6 +128,11 @@ def main():
         check("exporter_handle", True, f"tensor {exporter_ptr}")
         peers = []
         for run in (1, 2):
+            exp.stdin.write("fill 1\n")  # each run starts from the exporter's bytes being 1
+            exp.stdin.flush()
+            if exp.stdout.readline().strip() != "FILLED":
+                failed |= not check(f"run{run}.exporter_fill", False, "no answer")
+                break
             env_i = dict(os.environ, VMMIPC_RANK="1")
             out = subprocess.run([sys.executable, __file__, "--importer", handle], env=env_i,
                                  capture_output=True, text=True, timeout=120)
