@@ -39,12 +39,10 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   transport::ServeReply reply = ServeRun(request);
   if (reply.refuse != transport::RefuseReason::kNone) {
-    stats::CountRefusal(reply.refuse);
-    reply.chunks.clear();  // nothing of a refused request is sent
+    reply.chunks.clear();  // nothing of a refused request is sent (counted when sent)
   } else {
     stats::Count(stats::Counter::kRequestsServed);
     stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
-    stats::Count(stats::Counter::kFdsSent, reply.chunks.size());
   }
   if (reply.refuse == transport::RefuseReason::kNone)
     VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address,
@@ -132,6 +130,11 @@ CUresult EnsureListenerLocked(ProcessState& state) {
   options.pid = state.pid;
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
+  // Refusals the transport makes itself (uid, MAC, malformed) never reach
+  // Serve: count every refusal, grant and drop where it is sent.
+  options.events.refused = [](transport::RefuseReason reason) { stats::CountRefusal(reason); };
+  options.events.granted = [](size_t chunks) { stats::Count(stats::Counter::kFdsSent, chunks); };
+  options.events.dropped = [] { stats::Count(stats::Counter::kConnectionsDropped); };
   std::string error;
   state.listener = transport::Listener::Start(options, Serve, &error);
   if (!state.listener) {

@@ -109,6 +109,7 @@ void Listener::Impl::Run() noexcept {
   context.stop_fd = stop_fd.get();
   context.handler = &handler;
   context.name = address.display;
+  context.events = options.events;
 
   pollfd pfds[2] = {{listen_fd.get(), POLLIN, 0}, {stop_fd.get(), POLLIN, 0}};
   while (true) {

@@ -36,11 +36,20 @@ struct ServeReply {
 
 using ServeHandler = std::function<ServeReply(const ServeRequest&)>;
 
+// Optional observers of what the listener did, for counters. Plain function
+// pointers: called on the listener thread, must not block or throw.
+struct ListenerEvents {
+  void (*refused)(RefuseReason reason) = nullptr;  // every refusal sent
+  void (*granted)(size_t chunks) = nullptr;         // a grant fully sent, with its fds
+  void (*dropped)() = nullptr;                      // a connection closed without an answer
+};
+
 struct ListenerOptions {
   uint64_t token = 0;      // this process's secret; keys the MACs
   uint32_t pid = 0;        // this process's pid as it appears in handles
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // per connection: receive, send
+  ListenerEvents events;
 };
 
 class Listener {

@@ -37,6 +37,7 @@ struct Exchange {
 };
 
 void SendRefusal(const Exchange& x, RefuseReason reason, const std::string& why) {
+  if (x.context.events.refused != nullptr) x.context.events.refused(reason);
   VMMIPC_LOG_WARN("listener {}: refused peer pid {} uid {} for address {:#x}: {} ({})",
                   x.context.name, x.peer.pid, x.peer.uid, x.address, RefuseReasonName(reason), why);
   wire::ReplyHeader header;
@@ -109,6 +110,7 @@ void SendGrants(const Exchange& x, const std::vector<ChunkGrant>& chunks) {
       return;
     }
   }
+  if (x.context.events.granted != nullptr) x.context.events.granted(total);
   VMMIPC_LOG_DEBUG("listener {}: granted {} chunks in {} batches to peer pid {} for address {:#x}",
                    x.context.name, total, batches, x.peer.pid, x.address);
 }
@@ -118,6 +120,7 @@ void Serve(ScopedFd connection, const ServeContext& context) {
   if (IoResult io = GetPeerCredentials(x.fd, &x.peer); !io.ok()) {
     VMMIPC_LOG_WARN("listener {}: dropped a connection: SO_PEERCRED failed: {}", context.name,
                     ErrnoText(io.error));
+    if (context.events.dropped != nullptr) context.events.dropped();
     return;
   }
 
@@ -135,6 +138,7 @@ void Serve(ScopedFd connection, const ServeContext& context) {
                                                     : std::string(),
                     same_user ? "" : ", another user's grace",
                     io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
+    if (context.events.dropped != nullptr) context.events.dropped();
     return;
   }
   const std::span<const uint8_t> bytes(buffer.data(), message.length);
@@ -144,6 +148,7 @@ void Serve(ScopedFd connection, const ServeContext& context) {
     // Without a preamble there is no nonce to MAC a refusal with: just hang up.
     VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: not a vmmipc request ({})",
                     context.name, x.peer.pid, x.peer.uid, wire::WireErrorName(e));
+    if (context.events.dropped != nullptr) context.events.dropped();
     return;
   }
   x.nonce = preamble.nonce;

@@ -20,6 +20,7 @@ struct ServeContext {
   int stop_fd = -1;       // readable when the listener stops: abandon the connection
   const ServeHandler* handler = nullptr;
   std::string name;  // the listener's address, for log lines
+  ListenerEvents events;
 };
 
 // Serves `connection` to the end and closes it. Never throws; every refusal

@@ -826,5 +826,40 @@ TEST_F(TransportListener, AbandonAfterForkThenNewListenerInChild) {
   ExpectNoFdLeak();
 }
 
+
+// The observers see what the transport did itself, refusals that never reach
+// the handler included (they feed VMMIPC_STATS).
+std::atomic<int> g_refused_bad_token{0};
+std::atomic<int> g_granted_chunks{0};
+std::atomic<int> g_dropped{0};
+
+TEST_F(TransportListener, EventsReportRefusalsGrantsAndDrops) {
+  g_refused_bad_token = g_granted_chunks = g_dropped = 0;
+  const uint32_t pid = FakePid();
+  ListenerOptions options = Options(pid);
+  options.events.refused = [](RefuseReason r) {
+    if (r == RefuseReason::kBadToken) ++g_refused_bad_token;
+  };
+  options.events.granted = [](size_t n) { g_granted_chunks += static_cast<int>(n); };
+  options.events.dropped = [] { ++g_dropped; };
+  {
+    auto listener = MustStart(options, ChunksHandler(3));
+    ASSERT_NE(listener, nullptr);
+    EXPECT_EQ(FetchChunks(Request(pid, kToken + 1), Client()).status, FetchStatus::kRefused);
+    EXPECT_EQ(FetchChunks(Request(pid), Client()).status, FetchStatus::kOk);
+    // A connection that says nothing and hangs up is dropped without an answer.
+    ScopedFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    SocketAddress address;
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, nullptr));
+    ASSERT_EQ(connect(sock.get(), address.get(), address.length), 0);
+    sock.Reset();
+    for (int i = 0; i < 100 && g_dropped.load() == 0; ++i) usleep(10000);
+  }
+  EXPECT_EQ(g_refused_bad_token.load(), 1);
+  EXPECT_EQ(g_granted_chunks.load(), 3);
+  EXPECT_EQ(g_dropped.load(), 1);
+  ExpectNoFdLeak();
+}
+
 }  // namespace
 }  // namespace vmmipc::transport
