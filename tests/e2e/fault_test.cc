@@ -95,6 +95,22 @@ std::string Encode(const state::Vmm2Handle& h) {
 
 // Descriptors of another process, counted from outside (no command needed,
 // so it works while that process is busy or stopped).
+// Stops `pid` and waits until the kernel reports it stopped ('T' in
+// /proc/<pid>/stat): kill() only queues the signal, and a loaded machine can
+// let the process run on for a while.
+bool StopAndWait(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T')
+      return true;
+    usleep(1000);
+  }
+  return false;
+}
+
 int FdsOf(pid_t pid) {
   int n = 0;
   if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
@@ -373,7 +389,7 @@ TEST_F(Fault, ExporterKilledBeforeServingTheRequestFailsOpenAtOnceAndLeavesNothi
   const Resources before = Held(*importer);
 
   // Stopped, the exporter cannot accept: the importer's request waits in its backlog.
-  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait(exporter->pid()));
   const int importer_fds = FdsOf(importer->pid());
   auto answer = std::async(std::launch::async, [&] { return importer->Call("open " + handle); });
   const auto wait_start = Clock::now();
@@ -446,7 +462,7 @@ TEST_F(Fault, HungExporterCostsTheImporterItsTimeoutThenServesAgain) {
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "1000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 22));
   const Resources before = Held(*importer);
-  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait(exporter->pid()));
   const auto start = Clock::now();
   const std::string result = importer->Call("open " + handle);
   const long elapsed = MsSince(start);
@@ -633,7 +649,7 @@ TEST_F(Fault, ClientOfAnotherUidGetsOnlyAWrongUserRefusal) {
   int sent[2];
   ASSERT_EQ(pipe2(sent, O_CLOEXEC), 0);
   // Stopped while the request is queued, so it is there when the exporter accepts.
-  ASSERT_EQ(kill(exporter->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait(exporter->pid()));
   const pid_t child = AsNobody([&] {
     const int fd = ConnectToRootsName(h.pid);
     if (fd < 0) return 21;
