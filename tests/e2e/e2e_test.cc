@@ -10,34 +10,12 @@
 #include <cstdio>
 #include <random>
 
+#include "e2e_layout.h"
 #include "peer_process.h"
 #include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
-
-constexpr uint64_t kChunk = 2ull << 20;
-
-// The zone layout the peers use. Taken from the environment when the suite
-// runs with another layout (ThreadSanitizer builds, whose shadow memory owns
-// the default addresses), else the library's defaults.
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::stoull(value, nullptr, 0) : fallback;
-}
-const uint64_t kZoneBase = EnvOr("VMMIPC_ZONE_BASE", 0x300000000000ull);
-const uint64_t kSlotSize = EnvOr("VMMIPC_SLOT_SIZE", 1ull << 40);
-const uint64_t kSlots = EnvOr("VMMIPC_ZONE_SLOTS", 8);
-// The fallback test's own base: the default (0x600000000000) is where
-// AddressSanitizer keeps its heap, so sanitizer builds could not use it.
-const uint64_t kFallbackBase = EnvOr("E2E_FALLBACK_BASE", 0x400000000000ull);
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-uint64_t Num(const std::string& s) { return s.empty() ? 0 : std::stoull(s, nullptr, 0); }
 
 class EndToEnd : public ::testing::Test {
  protected:
