@@ -81,10 +81,7 @@ void WriteSeeds();
 }  // namespace vmmipc::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (vmmipc::fuzz::SeedDir() != nullptr) {
-    vmmipc::fuzz::WriteSeeds();
-    std::exit(0);
-  }
+  vmmipc::fuzz::WriteSeedsIfAsked(vmmipc::fuzz::WriteSeeds);
   vmmipc::fuzz::QuietLogs();
   (void)vmmipc::fuzz::Memfd();  // before any fd count
   return 0;

@@ -111,6 +111,14 @@ inline void FixReplyMac(std::span<uint8_t> message, const transport::wire::Nonce
 // (how tests/fuzz/corpus/<target>/ was made; see tests/fuzz/run.sh).
 inline const char* SeedDir() { return std::getenv("FUZZ_WRITE_SEEDS"); }
 
+// For LLVMFuzzerInitialize: with FUZZ_WRITE_SEEDS set, writes the target's
+// seed corpus there and exits instead of fuzzing.
+inline void WriteSeedsIfAsked(void (*write_seeds)()) {
+  if (SeedDir() == nullptr) return;
+  write_seeds();
+  std::exit(0);
+}
+
 inline void WriteSeed(const std::string& name, std::span<const uint8_t> bytes) {
   const std::string path = std::string(SeedDir()) + "/" + name;
   FILE* f = std::fopen(path.c_str(), "wb");

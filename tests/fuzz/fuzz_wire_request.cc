@@ -79,10 +79,7 @@ void WriteSeeds() {
 }  // namespace vmmipc::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (vmmipc::fuzz::SeedDir() != nullptr) {
-    vmmipc::fuzz::WriteSeeds();
-    std::exit(0);
-  }
+  vmmipc::fuzz::WriteSeedsIfAsked(vmmipc::fuzz::WriteSeeds);
   return 0;
 }
 
