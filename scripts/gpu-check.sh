@@ -4,20 +4,20 @@
 # Steps: environment, configure + build (build-gpu, Release), ctest -L gpu (the cudart client and
 # its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, benchmarks if built.
 # Every step runs whatever happened before it, under `timeout`, inside one time budget
-# (VMMIPC_GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
+# (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
 # markdown table (also OUTDIR/summary.md). Exit: 0 when no step failed, 1 otherwise.
-# Knobs: VMMIPC_GPU_BUILD_DIR (build-gpu), VMMIPC_GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
-# for trying the script on a CPU machine), VMMIPC_BENCH_REPETITIONS (5), VMMIPC_BENCH_PRELOAD (1).
+# Knobs: GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
+# for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1).
 set -u
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT" || exit 1
 
-BUILD_DIR=${VMMIPC_GPU_BUILD_DIR:-build-gpu}
+BUILD_DIR=${GPU_CHECK_BUILD_DIR:-build-gpu}
 OUTDIR=${1:-${OUT:-$BUILD_DIR/report}}
 mkdir -p "$OUTDIR" || exit 1
 OUTDIR=$(cd "$OUTDIR" && pwd)
-BUDGET_S=${VMMIPC_GPU_CHECK_BUDGET_S:-510}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-510}
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + BUDGET_S))
 LIB="$REPO_ROOT/$BUILD_DIR/csrc/libvmmipc.so"
@@ -127,9 +127,9 @@ for name in ("torch", "cuda.bindings", "cupy", "numpy"):
   versions=$(grep -E '^(torch|cupy|cuda.bindings) ' "$log" | cut -d' ' -f1-2 | tr '\n' ' ')
   if [[ -n $GPU_LINE ]] && [[ $GPU_LINE != "no GPU" ]]; then
     record "environment" PASS "$GPU_LINE; $versions" $(($(now) - t0))
-  elif [[ ${VMMIPC_GPU_CHECK_ALLOW_NO_GPU:-0} == 1 ]]; then
+  elif [[ ${GPU_CHECK_ALLOW_NO_GPU:-0} == 1 ]]; then
     GPU_LINE="no GPU"
-    record "environment" SKIP "no GPU visible (VMMIPC_GPU_CHECK_ALLOW_NO_GPU=1); $versions" \
+    record "environment" SKIP "no GPU visible (GPU_CHECK_ALLOW_NO_GPU=1); $versions" \
       $(($(now) - t0))
   else
     GPU_LINE="no GPU"
@@ -233,7 +233,7 @@ step_python() {
   limit=$(step_limit 360)
   py_deadline=$((limit > 40 ? limit - 20 : 20))  # the script winds down before timeout hits
   run_logged "$log" "$limit" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
-    VMMIPC_CHECK_BASELINE=1 python3 tests/python/torch_ipc_check.py --deadline-s "$py_deadline"
+    GPU_CHECK_BASELINE=1 python3 tests/python/torch_ipc_check.py --deadline-s "$py_deadline"
   rc=$?
   # The script's own SUMMARY line has the counts; without it (killed), count the CHECK lines.
   local counts fail result failed_names
@@ -260,7 +260,7 @@ step_python() {
 # OUTDIR/bench.png (docs/benchmarks.md). The benchmark's own console output stays in
 # OUTDIR/bench-console.txt and OUTDIR/bench-nopreload-console.txt; the terminal gets the targets.
 # A missed target is a result, not a failure: FAIL means a run or the report failed.
-# Knobs: VMMIPC_BENCH_REPETITIONS (5; 3 when less than 120 s are left), VMMIPC_BENCH_SCALE (1:
+# Knobs: GPU_CHECK_BENCH_REPETITIONS (5; 3 when less than 120 s are left), GPU_CHECK_BENCH_SCALE (1:
 # iteration counts multiplier).
 step_bench() {
   banner "benchmarks"
@@ -276,13 +276,13 @@ step_bench() {
     return
   fi
   limit=$(step_limit 200)
-  reps=${VMMIPC_BENCH_REPETITIONS:-5}
+  reps=${GPU_CHECK_BENCH_REPETITIONS:-5}
   if ((limit < 120 && reps > 3)); then reps=3; fi
   rm -f "$OUTDIR"/bench.json "$OUTDIR"/bench-nopreload.json "$OUTDIR"/benchmarks.md \
     "$OUTDIR"/bench.png
   run_logged "$log" "$limit" bash tests/bench/run_bench.sh --bench "$bench" --lib "$LIB" \
     --out "$OUTDIR" --budget-s $((limit > 30 ? limit - 10 : limit)) --repetitions "$reps" \
-    --scale "${VMMIPC_BENCH_SCALE:-1}"
+    --scale "${GPU_CHECK_BENCH_SCALE:-1}"
   rc=$?
   local medians targets
   medians=$(python3 -c 'import json, sys

@@ -4,7 +4,7 @@
 Run with LD_PRELOAD=/path/to/libvmmipc.so (scripts/gpu-check.sh does). One file, re-executed in
 fresh processes for each role:
   main (default)   checks the prerequisites, runs the exporter --exporter-runs times (and the
-                   baseline when VMMIPC_CHECK_BASELINE=1), compares pointers across exporter runs,
+                   baseline when GPU_CHECK_BASELINE=1), compares pointers across exporter runs,
                    prints the summary and sets the exit code.
   exporter         VMMIPC_RANK=0, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: torch
                    allocates tensors A and B (B lies inside the same segment), fills patterns,
@@ -50,8 +50,8 @@ CALL_RAISED = -1  # a binding raised instead of returning a CUresult
 
 INTERNAL_SKIP = 77  # an exporter or importer that could not run at all
 IMPORTER_KINDS = ("driver", "cupy")
-FAKE_DIR_ENV = "VMMIPC_CHECK_FAKE_DIR"
-FAKE_BREAK_ENV = "VMMIPC_CHECK_FAKE_BREAK"  # testing this script: inject one fault
+FAKE_DIR_ENV = "TORCH_CHECK_FAKE_DIR"
+FAKE_BREAK_ENV = "TORCH_CHECK_FAKE_BREAK"  # testing this script: inject one fault
 FAKE_EXPORT_BASE = 0x7E0000000000
 FAKE_IMPORT_BASE = 0x300000000000
 FAKE_CHUNK = 20 * MIB
@@ -1064,7 +1064,7 @@ def run_checks(args, tally, base_env, start, deadline):
     def remaining():
         return deadline - time.monotonic()
 
-    if args.baseline or args.baseline_only or os.environ.get("VMMIPC_CHECK_BASELINE") == "1":
+    if args.baseline or args.baseline_only or os.environ.get("GPU_CHECK_BASELINE") == "1":
         env = env_without_vmmipc(base_env)
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         print("== baseline (no vmmipc in LD_PRELOAD) ==", flush=True)
@@ -1197,7 +1197,7 @@ def parse_args(argv):
                         help="overall budget in seconds (default 420); a repeat exporter run "
                         "starts only with 30 s left")
     parser.add_argument("--baseline", action="store_true",
-                        help="also run the baseline without vmmipc (as VMMIPC_CHECK_BASELINE=1)")
+                        help="also run the baseline without vmmipc (as GPU_CHECK_BASELINE=1)")
     parser.add_argument("--baseline-only", action="store_true", help="run only the baseline")
     parser.add_argument("--skip-exit-code", type=int, default=0,
                         help="exit code when nothing could run (ctest uses 77; default 0)")
