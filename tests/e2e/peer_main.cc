@@ -670,6 +670,100 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
   return true;
 }
 
+// Driver entry points the simulated driver lacks (streams, graphs, peer
+// copies), found at run time so the peer still links against it.
+template <typename Fn>
+Fn RealOnly(const char* name) {
+  static void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return lib != nullptr ? reinterpret_cast<Fn>(dlsym(lib, name)) : nullptr;
+}
+
+// Captures a graph that copies [src, src + size) to dst on a fresh stream,
+// launches it twice and synchronizes: what a graph over peer pointers does.
+std::string GraphCopy(uint64_t dst, uint64_t src, uint64_t size) {
+  using StreamCreate = CUresult (*)(CUstream*, unsigned);
+  using BeginCapture = CUresult (*)(CUstream, CUstreamCaptureMode);
+  using CopyAsync = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  using EndCapture = CUresult (*)(CUstream, CUgraph*);
+  using Instantiate = CUresult (*)(CUgraphExec*, CUgraph, unsigned long long);
+  using Launch = CUresult (*)(CUgraphExec, CUstream);
+  using Sync = CUresult (*)(CUstream);
+  auto create = RealOnly<StreamCreate>("cuStreamCreate");
+  auto begin = RealOnly<BeginCapture>("cuStreamBeginCapture_v2");
+  auto copy = RealOnly<CopyAsync>("cuMemcpyDtoDAsync_v2");
+  auto end = RealOnly<EndCapture>("cuStreamEndCapture");
+  auto instantiate = RealOnly<Instantiate>("cuGraphInstantiateWithFlags");
+  auto launch = RealOnly<Launch>("cuGraphLaunch");
+  auto sync = RealOnly<Sync>("cuStreamSynchronize");
+  if (!create || !begin || !copy || !end || !instantiate || !launch || !sync)
+    return "err unsupported by this driver";
+  CUstream stream = nullptr;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  CUresult r = create(&stream, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) r = begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (r == CUDA_SUCCESS) r = copy(dst, src, size, stream);
+  if (r == CUDA_SUCCESS) r = end(stream, &graph);
+  if (r == CUDA_SUCCESS) r = instantiate(&exec, graph, 0);
+  for (int i = 0; r == CUDA_SUCCESS && i < 2; ++i) r = launch(exec, stream);
+  if (r == CUDA_SUCCESS) r = sync(stream);
+  return r == CUDA_SUCCESS ? "ok" : Err(r);
+}
+
+std::string MedianGbps(std::vector<double> seconds, uint64_t size) {
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "ok %.1f", static_cast<double>(size) / median / 1e9);
+  return buf;
+}
+
+std::string Bandwidth(uint64_t dst, uint64_t src, uint64_t size, int iterations) {
+  std::vector<double> seconds;
+  for (int i = 0; i < iterations; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    CUresult r = cuMemcpyDtoD(dst, src, size);
+    if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) return Err(r);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return MedianGbps(seconds, size);
+}
+
+// cuMemcpyPeer between cuMemAlloc buffers on devices 1 and 0 of this process:
+// the reference an NVLink copy through an imported mapping is compared with.
+std::string PeerBandwidth(uint64_t size, int iterations) {
+  using CopyPeer = CUresult (*)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+  auto copy_peer = RealOnly<CopyPeer>("cuMemcpyPeer");
+  if (copy_peer == nullptr) return "err unsupported by this driver";
+  CUdevice d0 = 0, d1 = 0;
+  CUcontext c0 = nullptr, c1 = nullptr;
+  CUresult r = cuDeviceGet(&d0, 0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&d1, 1);
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&c0, d0);
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&c1, d1);
+  CUdeviceptr p0 = 0, p1 = 0;
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(c1);
+  if (r == CUDA_SUCCESS) r = cuMemAlloc(&p1, size);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(c0);
+  if (r == CUDA_SUCCESS) r = cuMemAlloc(&p0, size);
+  if (r != CUDA_SUCCESS) return Err(r);
+  std::vector<double> seconds;
+  for (int i = 0; r == CUDA_SUCCESS && i < iterations; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    r = copy_peer(p0, c0, p1, c1, size);
+    if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  cuMemFree(p0);
+  cuCtxSetCurrent(c1);
+  cuMemFree(p1);
+  cuCtxSetCurrent(g_context);
+  return r == CUDA_SUCCESS ? MedianGbps(seconds, size) : Err(r);
+}
+
 std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
   const std::string& cmd = a[0];
   if (cmd == "init") {
@@ -762,6 +856,16 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return next == dflt ? "ok" : "err next=" + Hex(reinterpret_cast<uint64_t>(next)) +
                                      " default=" + Hex(reinterpret_cast<uint64_t>(dflt));
   }
+  if (cmd == "devices") {
+    int count = 0;
+    CUresult r = cuDeviceGetCount(&count);
+    return r == CUDA_SUCCESS ? "ok " + std::to_string(count) : Err(r);
+  }
+  if (cmd == "graph_copy") return GraphCopy(Num(a.at(1)), Num(a.at(2)), Num(a.at(3)));
+  if (cmd == "bandwidth")  // dst src size iterations: GB/s of cuMemcpyDtoD, median
+    return Bandwidth(Num(a.at(1)), Num(a.at(2)), Num(a.at(3)), std::stoi(a.at(4)));
+  if (cmd == "peer_bandwidth")  // size iterations: cuMemcpyPeer device 1 -> device 0
+    return PeerBandwidth(Num(a.at(1)), std::stoi(a.at(2)));
   if (std::string reply; FaultCommand(a, fns, &reply)) return reply;
   return "err unknown command " + cmd;
 }
