@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "test_process.h"
 #include "transport/fd_channel.h"
 
 namespace vmmipc::transport {
@@ -23,18 +24,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int FdCount() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int count = 0;
-  while (readdir(dir) != nullptr) ++count;
-  closedir(dir);
-  return count;
-}
-
-long ElapsedMs(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
+using vmmipc::testing::ElapsedMs;
+using vmmipc::testing::FdCount;
 
 ScopedFd Memfd(const std::string& content) {
   ScopedFd fd(memfd_create("transport-test", MFD_CLOEXEC));

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "test_process.h"
 #include "common/log.h"
 #include "transport/fd_channel.h"
 #include "transport/listener.h"
@@ -40,18 +41,8 @@ constexpr uint64_t kToken = 0x5eed5eed12345678ULL;
 constexpr uint64_t kBase = 0x7f1200000000ULL;
 constexpr uint64_t kChunk = 4096;
 
-int FdCount() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int count = 0;
-  while (readdir(dir) != nullptr) ++count;
-  closedir(dir);
-  return count;
-}
-
-long ElapsedMs(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
+using vmmipc::testing::ElapsedMs;
+using vmmipc::testing::FdCount;
 
 // Pids for names, above the kernel's pid_max (4194304) so they never collide
 // with a real process's listener, and distinct per test and per test process.
