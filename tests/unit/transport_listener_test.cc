@@ -781,6 +781,11 @@ TEST_F(TransportListener, OtherUidSquatterIsUnauthenticToTheClient) {
 TEST_F(TransportListener, AbandonAfterForkThenNewListenerInChild) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "TSan does not support starting threads after a multi-threaded fork";
+#elif defined(__SANITIZE_ADDRESS__)
+  // Seen in CI: the child's new thread blocked forever on ASan's allocator
+  // lock, which a parent thread held at fork time (ASan's allocator, unlike
+  // glibc's malloc, is not reset in a forked child). The normal build runs it.
+  GTEST_SKIP() << "ASan's allocator is not fork-safe while other threads allocate";
 #endif
   const uint32_t parent_pid = FakePid();
   const uint32_t child_pid = FakePid();
