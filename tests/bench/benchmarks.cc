@@ -153,31 +153,44 @@ void BmGet(benchmark::State& state, const std::string& name, int layout, bool vm
   TimeCounters(state, s, "");
 }
 
-// cuIpcGetMemHandle in the exporter (a ranked process, as in a deployment), on
-// its own memory, timed there; one request per iteration.
-void BmGetInExporter(benchmark::State& state, const std::string& name, int layout, bool vmm) {
+// Times one request `op` on one of the exporter's buffers per iteration, as
+// the exporter measured it, after one untimed warm-up request. False (and the
+// benchmark failed) when the buffer or the warm-up cannot be had.
+bool TimeInExporter(benchmark::State& state, const std::string& name, int layout, bool vmm, Op op,
+                    RemoteBuffer* b, Samples* s) {
   Marker(name);
   std::string error;
   ExporterClient& ex = ExporterClient::Instance();
-  RemoteBuffer b;
-  if (!ex.Buffer(layout, vmm, &b, &error)) return Fail(state, name, error);
+  if (!ex.Buffer(layout, vmm, b, &error)) {
+    Fail(state, name, error);
+    return false;
+  }
   Request request;
-  request.op = static_cast<uint32_t>(Op::kGet);
-  request.id = b.id;
+  request.op = static_cast<uint32_t>(op);
+  request.id = b->id;
   Reply reply;
-  // Warm-up: vmmipc's first export of a process starts its listener.
-  if (!ex.Call(request, &reply, nullptr, &error) || reply.status != CUDA_SUCCESS)
-    return Fail(state, name, error.empty() ? reply.text : error);
-  Samples s;
+  if (!ex.Call(request, &reply, nullptr, &error) || reply.status != CUDA_SUCCESS) {
+    Fail(state, name, error.empty() ? reply.text : error);
+    return false;
+  }
   for (auto _ : state) {
     if (!ex.Call(request, &reply, nullptr, &error) || reply.status != CUDA_SUCCESS) {
       Fail(state, name, error.empty() ? reply.text : error);
       break;
     }
     state.SetIterationTime(reply.us[0] * 1e-6);
-    s.Add(reply.us[0] * 1e-6);
+    s->Add(reply.us[0] * 1e-6);
   }
-  TimeCounters(state, s, "");
+  return true;
+}
+
+// cuIpcGetMemHandle in the exporter (a ranked process, as in a deployment), on
+// its own memory, timed there; one request per iteration. The warm-up matters:
+// vmmipc's first export of a process starts its listener.
+void BmGetInExporter(benchmark::State& state, const std::string& name, int layout, bool vmm) {
+  RemoteBuffer b;
+  Samples s;
+  if (TimeInExporter(state, name, layout, vmm, Op::kGet, &b, &s)) TimeCounters(state, s, "");
 }
 
 void BmAttribute(benchmark::State& state, const std::string& name, AttrFn fn) {
@@ -422,27 +435,10 @@ void BandwidthCounters(benchmark::State& state, const Samples& s, uint64_t bytes
 // cuMemcpyDtoD of the whole buffer in the exporter, on its own mapping, into a
 // scratch buffer of its own, synchronised; timed by the exporter.
 void BmBandwidthLocal(benchmark::State& state, const std::string& name, int layout, bool vmm) {
-  Marker(name);
-  std::string error;
-  ExporterClient& ex = ExporterClient::Instance();
   RemoteBuffer b;
-  if (!ex.Buffer(layout, vmm, &b, &error)) return Fail(state, name, error);
-  Request request;
-  request.op = static_cast<uint32_t>(Op::kCopy);
-  request.id = b.id;
-  Reply reply;
-  if (!ex.Call(request, &reply, nullptr, &error) || reply.status != CUDA_SUCCESS)
-    return Fail(state, name, error.empty() ? reply.text : error);
   Samples s;
-  for (auto _ : state) {
-    if (!ex.Call(request, &reply, nullptr, &error) || reply.status != CUDA_SUCCESS) {
-      Fail(state, name, error.empty() ? reply.text : error);
-      break;
-    }
-    state.SetIterationTime(reply.us[0] * 1e-6);
-    s.Add(reply.us[0] * 1e-6);
-  }
-  BandwidthCounters(state, s, b.total);
+  if (TimeInExporter(state, name, layout, vmm, Op::kCopy, &b, &s))
+    BandwidthCounters(state, s, b.total);
 }
 
 // The same copy in the importer, from its imported mapping into a scratch buffer.

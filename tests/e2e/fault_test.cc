@@ -77,6 +77,24 @@ std::string Encode(const state::Vmm2Handle& h) {
 
 // Descriptors of another process, counted from outside (no command needed,
 // so it works while that process is busy or stopped).
+// One message with one descriptor attached (SCM_RIGHTS), as a hand-made
+// peer sends it; returns sendmsg's result.
+ssize_t SendWithFd(int sock, const void* bytes, size_t size, int fd) {
+  iovec iov{const_cast<void*>(bytes), size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
 // Stops `pid` and waits until the kernel reports it stopped ('T' in
 // /proc/<pid>/stat): kill() only queues the signal, and a loaded machine can
 // let the process run on for a while.
@@ -223,19 +241,7 @@ class Squatter {
         Put(&msg, 48, handle_.generation, 8);
         const int memfd = memfd_create("squatter", MFD_CLOEXEC);
         (void)!ftruncate(memfd, static_cast<off_t>(handle_.chunk_size));
-        iovec iov{msg.data(), msg.size()};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control;
-        m.msg_controllen = sizeof(control);
-        cmsghdr* c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-        (void)!sendmsg(conn, &m, MSG_NOSIGNAL);
+        (void)SendWithFd(conn, msg.data(), msg.size(), memfd);
         close(memfd);
         return;
       }
@@ -836,19 +842,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   fd = ConnectTo(pid);
   {
     const int memfd = memfd_create("unwanted", MFD_CLOEXEC);
-    iovec iov{const_cast<uint8_t*>(request.data()), request.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-    ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 64);
+    ASSERT_EQ(SendWithFd(fd, request.data(), request.size(), memfd), 64);
     close(memfd);
   }
   EXPECT_EQ(ReplyStatus(fd, 2000), 8);
