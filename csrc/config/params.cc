@@ -55,6 +55,12 @@ const char* Invalid(const Params& p, const char* name) {
   if (!strcmp(name, "VMMIPC_ARENA_SIZE") && (p.arena_size == 0 || p.arena_size % (2u << 20) != 0))
     return "must be a positive multiple of 2 MiB";
   if (!strcmp(name, "VMMIPC_CUDA_LIBRARY") && p.cuda_library.empty()) return "must not be empty";
+  if (!strcmp(name, "VMMIPC_EXPORT_FD_CACHE") &&
+      (p.export_fd_cache < 1 || p.export_fd_cache > 1000000))
+    return "must be between 1 and 1000000";
+  if (!strcmp(name, "VMMIPC_LISTENER_THREADS") &&
+      (p.listener_threads < 1 || p.listener_threads > 64))
+    return "must be between 1 and 64";
   return nullptr;
 }
 

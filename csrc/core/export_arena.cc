@@ -25,9 +25,10 @@ void EnsureArenaLocked(ProcessState& state) {
   const config::Params& p = config::Get();
   const uint64_t zone_size = static_cast<uint64_t>(p.zone_slots) * p.slot_size;
   if (p.arena_size > p.slot_size) {
-    VMMIPC_LOG_ERROR("export arena off: VMMIPC_ARENA_SIZE (0x{:x}) is larger than "
-                     "VMMIPC_SLOT_SIZE (0x{:x}), so it could not mirror into one importer slot",
-                     p.arena_size, p.slot_size);
+    VMMIPC_LOG_ERROR(
+        "export arena off: VMMIPC_ARENA_SIZE (0x{:x}) is larger than "
+        "VMMIPC_SLOT_SIZE (0x{:x}), so it could not mirror into one importer slot",
+        p.arena_size, p.slot_size);
     return;
   }
   for (uint64_t zone : {p.zone_base, p.zone_fallback_base}) {
@@ -42,10 +43,11 @@ void EnsureArenaLocked(ProcessState& state) {
   if (result != CUDA_SUCCESS || got != p.arena_base) {
     // The address is only a hint to the driver: a moved arena is no arena.
     if (result == CUDA_SUCCESS) (void)VMMIPC_REAL(MemAddressFree, got, p.arena_size);
-    VMMIPC_LOG_WARN("export arena off: cannot reserve 0x{:x} bytes at 0x{:x} ({}); this "
-                    "process's own addresses may differ between runs",
-                    p.arena_size, p.arena_base,
-                    result == CUDA_SUCCESS ? "the address is taken" : driver::ErrorName(result));
+    VMMIPC_LOG_WARN(
+        "export arena off: cannot reserve 0x{:x} bytes at 0x{:x} ({}); this "
+        "process's own addresses may differ between runs",
+        p.arena_size, p.arena_base,
+        result == CUDA_SUCCESS ? "the address is taken" : driver::ErrorName(result));
     return;
   }
   state.arena_base = got;
@@ -60,8 +62,8 @@ bool ArenaApplies(const ProcessState& state, CUdeviceptr address, unsigned long 
 
 }  // namespace
 
-CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment,
-                           CUdeviceptr address, unsigned long long flags) {
+CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
+                           unsigned long long flags) {
   ProcessState& state = State();
   const bool power_of_two = (alignment & (alignment - 1)) == 0;
   if (pointer == nullptr || size == 0 || size % kGranularity != 0 || !power_of_two ||
@@ -79,10 +81,11 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment,
       }
       if (!state.arena_exhausted_warned) {
         state.arena_exhausted_warned = true;
-        VMMIPC_LOG_WARN("export arena full (0x{:x} of 0x{:x} bytes used, 0x{:x} asked): this "
-                        "and later such reservations go to the driver and are not deterministic "
-                        "(raise VMMIPC_ARENA_SIZE and VMMIPC_SLOT_SIZE)",
-                        state.arena->used(), state.arena->size(), size);
+        VMMIPC_LOG_WARN(
+            "export arena full (0x{:x} of 0x{:x} bytes used, 0x{:x} asked): this "
+            "and later such reservations go to the driver and are not deterministic "
+            "(raise VMMIPC_ARENA_SIZE and VMMIPC_SLOT_SIZE)",
+            state.arena->used(), state.arena->size(), size);
       }
     }
   }

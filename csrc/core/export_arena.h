@@ -11,8 +11,8 @@
 
 namespace vmmipc::core {
 
-CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment,
-                           CUdeviceptr address, unsigned long long flags);
+CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
+                           unsigned long long flags);
 CUresult MemAddressFree(CUdeviceptr pointer, size_t size);
 
 struct ArenaCarveInfo {

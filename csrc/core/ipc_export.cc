@@ -1,9 +1,13 @@
 // The exporter's side: cuIpcGetMemHandle on VMM memory (metadata only, no fd
 // until a peer asks) and the listener's handler that answers peers with the
 // chunks of the run and their fds.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <optional>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -19,6 +23,16 @@
 namespace vmmipc::core {
 namespace {
 
+// The exported-fd cache's bound: the configured limit, but never more than a
+// quarter of the fds the process may open (the host needs the rest).
+size_t FdCacheLimit(int64_t configured) {
+  rlimit limit{};
+  size_t cap = static_cast<size_t>(configured);
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    cap = std::min<size_t>(cap, std::max<rlim_t>(limit.rlim_cur / 4, 1));
+  return std::max<size_t>(cap, 1);
+}
+
 // More chunks than this in one run is refused rather than sending an
 // unbounded stream of fds (64 Ki chunks of 2 MiB is already 128 GiB).
 constexpr size_t kMaxChunksPerRun = 65536;
@@ -30,45 +44,97 @@ transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail)
   return reply;
 }
 
-// Runs on the listener thread. It has no context of its own: use the one the
-// first export ran in (export itself works without one, measured, but the
-// range queries are not measured that way).
-transport::ServeReply ServeRun(const transport::ServeRequest& request);
-
-transport::ServeReply Serve(const transport::ServeRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
-  transport::ServeReply reply = ServeRun(request);
-  if (reply.refuse != transport::RefuseReason::kNone) {
-    reply.chunks.clear();  // nothing of a refused request is sent (counted when sent)
-  } else {
-    stats::Count(stats::Counter::kRequestsServed);
-    stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
+// Runs on a listener worker. It has no context of its own: use the one the
+// first export ran in, once per thread (export works without one, measured,
+// but the range queries were not measured that way).
+void UseExportContext(const ProcessState& state) {
+  static thread_local bool context_set = false;
+  if (!context_set && state.export_context != nullptr) {
+    context_set =
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context)) == CUDA_SUCCESS;
   }
-  if (reply.refuse == transport::RefuseReason::kNone)
-    VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address,
-                     request.peer_pid, reply.chunks.size(),
-                     std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count());
+}
+
+// Exports the allocation mapped at `base` as a POSIX fd.
+CUresult ExportAt(uint64_t base, ScopedFd* fd) {
+  CUmemGenericAllocationHandle handle = 0;
+  VMMIPC_CU_CHECK(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(base));
+  int raw = -1;
+  const CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &raw, handle,
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  (void)VMMIPC_REAL(MemRelease, handle);  // the retain's reference; the mapping keeps its own
+  if (exported != CUDA_SUCCESS) return exported;
+  stats::Count(stats::Counter::kFdsExported);
+  fd->Reset(raw);
+  return CUDA_SUCCESS;
+}
+
+// An fd for one tracked chunk: a dup of the cached export when there is one
+// (no driver call), else a fresh export that is cached for the next grant.
+CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
+  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  if (fd->valid()) {
+    stats::Count(stats::Counter::kFdCacheGrants);
+    return CUDA_SUCCESS;
+  }
+  ScopedFd exported;
+  VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
+  std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
+  *fd = state.mappings.CacheFd(chunk.base, chunk.generation, std::move(exported), &evicted);
+  if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
+  return CUDA_SUCCESS;
+}
+
+// The run of memory the exporter made through vmmipc's cuMemMap hook: one
+// snapshot of the mapping table, fds from the cache, and a last check that
+// nothing of the run was unmapped meanwhile (the unmap hook takes a record
+// out before the driver unmaps), so that every chunk granted belongs to the
+// generation the snapshot saw: never a torn run of old and new memory.
+transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRequest& request,
+                                   std::vector<state::VmmMapping> run) {
+  const state::VmmMapping& first = run.front();
+  if (first.generation != static_cast<uint32_t>(request.generation) ||
+      request.generation > UINT32_MAX || request.address - first.base >= first.size)
+    return Refuse(transport::RefuseReason::kFreed,
+                  fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
+                              "made (generation {} now, {} in the handle)",
+                              request.chunk_base, first.generation, request.generation));
+  // Only the chunks of the same region continue the run.
+  const uint64_t region_base = first.region_base, region_end = first.region_end;
+  size_t length = 0;
+  while (length < run.size() && run[length].region_base == region_base &&
+         run[length].region_end == region_end)
+    ++length;
+  run.resize(length);
+  if (run.size() > kMaxChunksPerRun)
+    return Refuse(
+        transport::RefuseReason::kTooManyChunks,
+        fmt::format("the run from 0x{:x} has more than {} chunks", first.base, kMaxChunksPerRun));
+  transport::ServeReply reply;
+  for (const state::VmmMapping& chunk : run) {
+    if (!chunk.posix_fd_exportable)
+      return Refuse(transport::RefuseReason::kExportFailed,
+                    fmt::format("chunk 0x{:x} was created without POSIX fd export", chunk.base));
+    transport::ChunkGrant grant;
+    if (const CUresult r = FdForChunk(state, chunk, &grant.fd); r != CUDA_SUCCESS)
+      return Refuse(transport::RefuseReason::kExportFailed,
+                    fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", chunk.base,
+                                driver::ErrorName(r)));
+    grant.address = chunk.base;
+    grant.size = chunk.size;
+    grant.generation = chunk.generation;
+    reply.chunks.push_back(std::move(grant));
+  }
+  if (!state.mappings.StillMapped(run))
+    return Refuse(transport::RefuseReason::kFreed,
+                  fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
+                              first.base));
   return reply;
 }
 
-transport::ServeReply ServeRun(const transport::ServeRequest& request) {
-  using Clock = std::chrono::steady_clock;
-  auto us = [](Clock::time_point from) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - from).count();
-  };
-  const auto start = Clock::now();
-  ProcessState& state = State();
-  // The listener thread has no context of its own: give it the one the first
-  // export ran in, once (export works without one, measured, but the range
-  // queries were not measured that way).
-  static thread_local bool context_set = false;
-  if (!context_set && state.export_context != nullptr) {
-    context_set = VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context)) ==
-                  CUDA_SUCCESS;
-  }
-
+// Memory vmmipc did not see mapped (made before it was loaded): described by
+// the driver, exported per request, and re-checked chunk by chunk at the end.
+transport::ServeReply ServeUntracked(const transport::ServeRequest& request) {
   RetainedChunk chunk;
   if (chunk.Retain(request.address) != CUDA_SUCCESS)
     return Refuse(transport::RefuseReason::kFreed,
@@ -80,11 +146,8 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
                               "made (generation {} now, {} in the handle)",
                               request.address, chunk.info().generation, request.generation));
   const uint64_t region_end = chunk.info().region_end;
-
-  const auto loop_start = Clock::now();
-  const int64_t first_us = us(start);
-  transport::ServeReply reply;
   const uint64_t run_base = chunk.info().base;
+  transport::ServeReply reply;
   for (;;) {
     const ChunkInfo& info = chunk.info();
     if (!info.posix_fd_exportable)
@@ -97,6 +160,7 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
       return Refuse(transport::RefuseReason::kExportFailed,
                     fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", info.base,
                                 driver::ErrorName(exported)));
+    stats::Count(stats::Counter::kFdsExported);
     transport::ChunkGrant grant;
     grant.fd.Reset(fd);
     grant.address = info.base;
@@ -104,22 +168,73 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
     grant.generation = info.generation;
     reply.chunks.push_back(std::move(grant));
     if (reply.chunks.size() > kMaxChunksPerRun)
-      return Refuse(transport::RefuseReason::kTooManyChunks,
-                    fmt::format("the run from 0x{:x} has more than {} chunks", run_base,
-                                kMaxChunksPerRun));
+      return Refuse(
+          transport::RefuseReason::kTooManyChunks,
+          fmt::format("the run from 0x{:x} has more than {} chunks", run_base, kMaxChunksPerRun));
     // The run goes on while the next address is mapped in the same reservation.
     const uint64_t next = info.base + info.size;
-    if (next >= region_end || chunk.Retain(next) != CUDA_SUCCESS ||
-        chunk.info().base != next)
+    if (next >= region_end || chunk.Retain(next) != CUDA_SUCCESS || chunk.info().base != next)
       break;
   }
-  VMMIPC_LOG_DEBUG("serve phases: context, first chunk and region {} us; {} chunks exported in "
-                   "{} us", first_us, reply.chunks.size(), us(loop_start));
+  chunk.Reset();
+  // Each chunk was exported from the handle retained at its address; if any
+  // was re-created meanwhile (its generation moved), the run is torn.
+  for (const transport::ChunkGrant& grant : reply.chunks) {
+    ChunkInfo now;
+    if (DescribeChunk(grant.address, &now) != CUDA_SUCCESS || now.base != grant.address ||
+        now.generation != grant.generation)
+      return Refuse(transport::RefuseReason::kFreed,
+                    fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
+                                run_base));
+  }
   return reply;
 }
 
+transport::ServeReply ServeRun(const transport::ServeRequest& request) {
+  ProcessState& state = State();
+  UseExportContext(state);
+  std::vector<state::VmmMapping> run =
+      state.mappings.Run(request.chunk_base, UINT64_MAX, kMaxChunksPerRun + 1);
+  if (!run.empty()) return ServeTracked(state, request, std::move(run));
+  return ServeUntracked(request);
+}
+
+// Called by the listener for every authenticated request.
+transport::ServeReply Serve(const transport::ServeRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  transport::ServeReply reply = ServeRun(request);
+  if (reply.refuse != transport::RefuseReason::kNone) {
+    reply.chunks.clear();  // nothing of a refused request is sent (counted when sent)
+    return reply;
+  }
+  stats::Count(stats::Counter::kRequestsServed);
+  stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
+  VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address, request.peer_pid,
+                   reply.chunks.size(),
+                   std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count());
+  return reply;
+}
+
+// Exports the chunk at `address` into the cache ahead of the first request,
+// on a listener worker: the process's first export pays the driver's export
+// set-up (~600 us), which should not fall on the first importer.
+void ExportAhead(uint64_t address) {
+  ProcessState& state = State();
+  UseExportContext(state);
+  std::optional<state::VmmMapping> chunk = state.mappings.Find(address);
+  if (!chunk || !chunk->posix_fd_exportable) return;
+  ScopedFd fd;
+  if (FdForChunk(state, *chunk, &fd) != CUDA_SUCCESS)
+    VMMIPC_LOG_DEBUG(
+        "exporting 0x{:x} ahead of its first request failed; it will be exported "
+        "when asked",
+        chunk->base);
+}
+
 // Starts the listener on the first export. Caller holds export_mutex.
-CUresult EnsureListenerLocked(ProcessState& state) {
+CUresult EnsureListenerLocked(ProcessState& state, uint64_t first_address) {
   if (state.listener) return CUDA_SUCCESS;
   if (state.listener_failed) return CUDA_ERROR_OPERATING_SYSTEM;
   CUcontext context = nullptr;
@@ -130,21 +245,27 @@ CUresult EnsureListenerLocked(ProcessState& state) {
   options.pid = state.pid;
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
+  options.max_workers = static_cast<int>(params.listener_threads);
   // Refusals the transport makes itself (uid, MAC, malformed) never reach
   // Serve: count every refusal, grant and drop where it is sent.
   options.events.refused = [](transport::RefuseReason reason) { stats::CountRefusal(reason); };
   options.events.granted = [](size_t chunks) { stats::Count(stats::Counter::kFdsSent, chunks); };
   options.events.dropped = [] { stats::Count(stats::Counter::kConnectionsDropped); };
+  options.events.reaped = [] { stats::Count(stats::Counter::kConnectionsReaped); };
+  state.mappings.SetFdCacheLimit(FdCacheLimit(params.export_fd_cache));
   std::string error;
   state.listener = transport::Listener::Start(options, Serve, &error);
   if (!state.listener) {
     // Remembered so that every later export fails fast with the same reason.
     state.listener_failed = true;
-    VMMIPC_LOG_ERROR("cannot start the export listener: {}; VMM memory cannot be exported "
-                     "from this process", error);
+    VMMIPC_LOG_ERROR(
+        "cannot start the export listener: {}; VMM memory cannot be exported "
+        "from this process",
+        error);
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
   state.listener_ready.store(true, std::memory_order_release);
+  state.listener->Post([first_address] { ExportAhead(first_address); });
   VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} ({}), listening on {}", VMMIPC_VERSION_STRING,
                   state.rank, params.rank_source, state.listener->address());
   return CUDA_SUCCESS;
@@ -165,16 +286,19 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   }
   if (!chunk.posix_fd_exportable) {
     stats::Count(stats::Counter::kExportRefusedNoPosixFd);
-    VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): VMM memory created without "
-                    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared (created before "
-                    "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)", address);
+    VMMIPC_LOG_WARN(
+        "cuIpcGetMemHandle(0x{:x}): VMM memory created without "
+        "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared (created before "
+        "vmmipc was loaded, or VMMIPC_FORCE_POSIX_FD=0)",
+        address);
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (chunk.offset != 0) {
     stats::Count(stats::Counter::kExportRefusedOther);
-    VMMIPC_LOG_WARN("cuIpcGetMemHandle(0x{:x}): the mapping starts at offset 0x{:x} of its "
-                    "allocation; vmmipc shares mappings of whole allocations from offset 0 only",
-                    address, chunk.offset);
+    VMMIPC_LOG_WARN(
+        "cuIpcGetMemHandle(0x{:x}): the mapping starts at offset 0x{:x} of its "
+        "allocation; vmmipc shares mappings of whole allocations from offset 0 only",
+        address, chunk.offset);
     return CUDA_ERROR_INVALID_VALUE;
   }
   const uint64_t region_base = chunk.region_base;
@@ -182,7 +306,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   ProcessState& state = State();
   if (!state.listener_ready.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state.export_mutex);
-    if (const CUresult started = EnsureListenerLocked(state); started != CUDA_SUCCESS) {
+    if (const CUresult started = EnsureListenerLocked(state, address); started != CUDA_SUCCESS) {
       stats::Count(stats::Counter::kExportRefusedNoListener);
       return started;
     }

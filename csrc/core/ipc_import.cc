@@ -4,6 +4,8 @@
 // go to the real driver unchanged.
 #include <chrono>
 #include <cinttypes>
+#include <mutex>
+#include <optional>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -36,33 +38,47 @@ CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Ha
   using transport::RefuseReason;
   CUresult code = CUDA_ERROR_MAP_FAILED;
   switch (fetched.status) {
-    case FetchStatus::kOk: return CUDA_SUCCESS;
-    case FetchStatus::kNoExporter: code = CUDA_ERROR_INVALID_HANDLE; break;
-    case FetchStatus::kUnauthentic: code = CUDA_ERROR_NOT_PERMITTED; break;
-    case FetchStatus::kNoResources: code = CUDA_ERROR_OPERATING_SYSTEM; break;
+    case FetchStatus::kOk:
+      return CUDA_SUCCESS;
+    case FetchStatus::kNoExporter:
+      code = CUDA_ERROR_INVALID_HANDLE;
+      break;
+    case FetchStatus::kUnauthentic:
+      code = CUDA_ERROR_NOT_PERMITTED;
+      break;
+    case FetchStatus::kNoResources:
+      code = CUDA_ERROR_OPERATING_SYSTEM;
+      break;
     case FetchStatus::kTimeout:
-    case FetchStatus::kProtocolError: code = CUDA_ERROR_MAP_FAILED; break;
+    case FetchStatus::kProtocolError:
+      code = CUDA_ERROR_MAP_FAILED;
+      break;
     case FetchStatus::kRefused:
       switch (fetched.refuse) {
         case RefuseReason::kBadToken:
         case RefuseReason::kFreed:
-        case RefuseReason::kNotExported: code = CUDA_ERROR_INVALID_HANDLE; break;
-        case RefuseReason::kWrongUser: code = CUDA_ERROR_NOT_PERMITTED; break;
-        default: code = CUDA_ERROR_MAP_FAILED; break;
+        case RefuseReason::kNotExported:
+          code = CUDA_ERROR_INVALID_HANDLE;
+          break;
+        case RefuseReason::kWrongUser:
+          code = CUDA_ERROR_NOT_PERMITTED;
+          break;
+        default:
+          code = CUDA_ERROR_MAP_FAILED;
+          break;
       }
       break;
   }
-  VMMIPC_LOG_WARN("cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
-                  fetched.detail.empty() ? transport::FetchStatusName(fetched.status)
-                                         : fetched.detail,
-                  driver::ErrorName(code));
+  VMMIPC_LOG_WARN(
+      "cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
+      fetched.detail.empty() ? transport::FetchStatusName(fetched.status) : fetched.detail,
+      driver::ErrorName(code));
   return code;
 }
 
 // The exporter's answer must describe a run that starts at the handle's chunk
 // and is contiguous; anything else is refused before mapping.
-bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
-                     const state::Vmm2Handle& h) {
+bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const state::Vmm2Handle& h) {
   if (chunks.empty() || chunks[0].address != h.chunk_base || chunks[0].size != h.chunk_size)
     return false;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -74,14 +90,15 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
 }
 
 struct Placement {
-  uint64_t run_target = 0;          // importer address of the run's first byte
-  uint64_t private_reservation = 0; // non-zero for best-effort placement
+  uint64_t run_target = 0;           // importer address of the run's first byte
+  uint64_t private_reservation = 0;  // non-zero for best-effort placement
   uint64_t private_size = 0;
 };
 
 // Decides where the run goes: its slot in the zone when the exporter is
 // ranked, the run fits the slot, and nothing else is mapped there (a stale
 // chunk of an earlier generation counts as something else: never aliased).
+// Caller holds the slot's lock when the exporter is ranked.
 CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
                   const std::vector<transport::ChunkGrant>& chunks, Placement* placement) {
   const uint64_t run_base = chunks.front().address;
@@ -91,22 +108,25 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   if (h.rank_slot == state::kUnranked) {
     why_not = "the exporter has no rank (set VMMIPC_RANK or LOCAL_RANK)";
   } else {
-    EnsureZoneLocked(state);
+    EnsureZone(state);
     std::optional<uint64_t> target =
         state::ZoneTarget(state.zone, h.rank_slot, h.region_base, run_base, run_size);
     if (state.zone_state != ZoneState::kReserved) {
       why_not = "there is no import zone";
     } else if (!target) {
-      why_not = "the run does not fit the exporter's slot (rank >= VMMIPC_ZONE_SLOTS, or "
-                "offset beyond VMMIPC_SLOT_SIZE)";
+      why_not =
+          "the run does not fit the exporter's slot (rank >= VMMIPC_ZONE_SLOTS, or "
+          "offset beyond VMMIPC_SLOT_SIZE)";
     } else {
+      std::lock_guard<std::mutex> lock(state.import_mutex);
       for (const auto& chunk : chunks) {
         const uint64_t chunk_target = *target + (chunk.address - run_base);
         if (state.imports.Probe(chunk_target, chunk.size, exporter, chunk.address,
                                 static_cast<uint32_t>(chunk.generation)) ==
             state::ChunkProbe::kConflict) {
-          why_not = "its slot range already holds other memory (a stale chunk the exporter "
-                    "re-created, or another reservation of the exporter at the same offset)";
+          why_not =
+              "its slot range already holds other memory (a stale chunk the exporter "
+              "re-created, or another reservation of the exporter at the same offset)";
           break;
         }
       }
@@ -119,8 +139,10 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   if (h.rank_slot == state::kUnranked)
     VMMIPC_LOG_INFO("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid, why_not);
   else
-    VMMIPC_LOG_WARN("placing 0x{:x} bytes from pid {} (rank {}) best-effort, not at a "
-                    "deterministic address: {}", run_size, h.pid, h.rank_slot, why_not);
+    VMMIPC_LOG_WARN(
+        "placing 0x{:x} bytes from pid {} (rank {}) best-effort, not at a "
+        "deterministic address: {}",
+        run_size, h.pid, h.rank_slot, why_not);
   stats::Count(stats::Counter::kPlacementsBestEffort);
   VMMIPC_RETURN_IF_ERROR(ReserveAnywhere(run_size, &placement->private_reservation));
   placement->private_size = run_size;
@@ -136,8 +158,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   state::Vmm2Handle h;
   const auto* bytes = reinterpret_cast<const unsigned char*>(raw.reserved);
   switch (state::DecodeHandle(bytes, &h)) {
-    case state::DecodeStatus::kOk: break;
-    case state::DecodeStatus::kNotVmm2: return ForwardOpen(pointer, raw, flags, v2);
+    case state::DecodeStatus::kOk:
+      break;
+    case state::DecodeStatus::kNotVmm2:
+      return ForwardOpen(pointer, raw, flags, v2);
     case state::DecodeStatus::kBadChecksum:
       // Four bytes of a foreign handle can spell "VMM2" by chance: let the
       // driver judge it (it refuses garbage safely, measured).
@@ -145,9 +169,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       return ForwardOpen(pointer, raw, flags, v2);
     case state::DecodeStatus::kUnknownVersion:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
-      VMMIPC_LOG_ERROR("cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
-                       "vmmipc (knows version {}); use the same vmmipc in every process",
-                       bytes[4], state::kHandleVersion);
+      VMMIPC_LOG_ERROR(
+          "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
+          "vmmipc (knows version {}); use the same vmmipc in every process",
+          bytes[4], state::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
     case state::DecodeStatus::kMalformed:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
@@ -158,8 +183,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     stats::Count(stats::Counter::kOpenFailedInvalid);
   if (pointer == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
-    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
-                    "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS", flags);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
+        "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS",
+        flags);
     return CUDA_ERROR_INVALID_VALUE;
   }
   ProcessState& state = State();
@@ -173,14 +200,18 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_INVALID_CONTEXT;
   }
 
-  std::lock_guard<std::mutex> lock(state.import_mutex);
   const state::OpenKey key{{h.pid, h.token}, h.address, h.generation, h.region_base, h.rank_slot};
-  if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
-    stats::Count(stats::Counter::kReopens);
-    *pointer = *again;
-    return CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
+      stats::Count(stats::Counter::kReopens);
+      *pointer = *again;
+      return CUDA_SUCCESS;
+    }
   }
 
+  // The exchange with the exporter holds no lock: a stopped or slow exporter
+  // delays only the opens of its own handles, each bounded by the timeout.
   const auto fetch_start = Clock::now();
   const config::Params& params = config::Get();
   transport::FetchRequest request{h.pid, h.token, h.address, h.chunk_base, h.generation};
@@ -190,12 +221,27 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
     stats::Count(stats::Counter::kOpenFailedProtocol);
-    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
-                    "match the handle (chunk 0x{:x}+0x{:x})", h.pid, h.chunk_base, h.chunk_size);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
+        "match the handle (chunk 0x{:x}+0x{:x})",
+        h.pid, h.chunk_base, h.chunk_size);
     return CUDA_ERROR_MAP_FAILED;
   }
-
   const int64_t fetch_us = MicrosSince(fetch_start);
+
+  // Placement and mapping: under the slot's lock when the exporter is ranked.
+  std::unique_lock<std::mutex> slot_lock;
+  if (h.rank_slot != state::kUnranked)
+    slot_lock = std::unique_lock<std::mutex>(state.slot_mutex(h.rank_slot));
+  {
+    // Another thread may have opened the same handle while we fetched.
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
+      stats::Count(stats::Counter::kReopens);
+      *pointer = *again;
+      return CUDA_SUCCESS;  // the fetched fds close unused
+    }
+  }
   const auto place_start = Clock::now();
   Placement placement;
   VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
@@ -205,17 +251,27 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   const state::ExporterId exporter{h.pid, h.token};
   state::OpenRecord record;
   std::vector<state::MappedChunk> mapped_now;
+  std::vector<const transport::ChunkGrant*> to_map;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    for (const auto& chunk : fetched.chunks) {
+      state::MappedChunk mapped{
+          placement.run_target + (chunk.address - run_base), chunk.size, exporter, chunk.address,
+          static_cast<uint32_t>(chunk.generation),           0};
+      record.chunks.push_back(mapped.target);
+      if (state.imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
+                              mapped.generation) == state::ChunkProbe::kSame)
+        continue;  // an earlier open mapped it already: shared, reference counted
+      mapped_now.push_back(mapped);
+      to_map.push_back(&chunk);
+    }
+  }
   CUresult result = CUDA_SUCCESS;
-  for (const auto& chunk : fetched.chunks) {
-    state::MappedChunk mapped{placement.run_target + (chunk.address - run_base), chunk.size,
-                              exporter, chunk.address, static_cast<uint32_t>(chunk.generation), 0};
-    record.chunks.push_back(mapped.target);
-    if (state.imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
-                            mapped.generation) == state::ChunkProbe::kSame)
-      continue;  // an earlier open mapped it already: shared, reference counted
-    result = MapChunk(chunk.fd.get(), mapped.target, mapped.size);
+  size_t mapped_count = 0;
+  for (; mapped_count < mapped_now.size(); ++mapped_count) {
+    result = MapChunk(to_map[mapped_count]->fd.get(), mapped_now[mapped_count].target,
+                      mapped_now[mapped_count].size);
     if (result != CUDA_SUCCESS) break;
-    mapped_now.push_back(mapped);
   }
   // One cuMemSetAccess per contiguous stretch of new chunks.
   for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
@@ -229,52 +285,66 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   }
   if (result != CUDA_SUCCESS) {
     stats::Count(stats::Counter::kOpenFailedMap);
-    for (const auto& chunk : mapped_now) UnmapChunk(chunk.target, chunk.size);
+    for (size_t i = 0; i < mapped_count; ++i) UnmapChunk(mapped_now[i].target, mapped_now[i].size);
     if (placement.private_reservation != 0)
       FreeReservation(placement.private_reservation, placement.private_size);
     return result;
   }
-  for (const auto& chunk : mapped_now) {
-    state.imports.AddChunk(chunk);
-    stats::Count(stats::Counter::kChunksMapped);
-    stats::Count(stats::Counter::kBytesMapped, chunk.size);
-  }
-  stats::Count(stats::Counter::kHandlesOpened);
   record.key = key;
   record.pointer = placement.run_target + (h.address - run_base);
   record.run_base = placement.run_target;
   record.run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
   record.private_reservation = placement.private_reservation;
   record.private_reservation_size = placement.private_size;
-  state.imports.AddOpen(record);
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    for (const auto& chunk : mapped_now) state.imports.AddChunk(chunk);
+    state.imports.AddOpen(record);
+  }
+  for (const auto& chunk : mapped_now) {
+    stats::Count(stats::Counter::kChunksMapped);
+    stats::Count(stats::Counter::kBytesMapped, chunk.size);
+  }
+  stats::Count(stats::Counter::kHandlesOpened);
   *pointer = record.pointer;
-  VMMIPC_LOG_DEBUG("opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
-                   "place {} us, map {} us", h.address, h.pid, record.pointer,
-                   record.chunks.size(), mapped_now.size(), fetch_us, place_us,
-                   MicrosSince(map_start));
+  VMMIPC_LOG_DEBUG(
+      "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
+      "place {} us, map {} us",
+      h.address, h.pid, record.pointer, record.chunks.size(), mapped_now.size(), fetch_us, place_us,
+      MicrosSince(map_start));
   return CUDA_SUCCESS;
 }
 
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   if (!Active()) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   ProcessState& state = State();
+  // The slot of the open being closed, so that its unmaps cannot interleave
+  // with an open placing chunks in the same slot (see process_state.h).
+  std::optional<uint32_t> slot;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    if (state.imports.open_count() == 0) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
+    slot = state.imports.SlotOf(pointer);
+  }
+  std::unique_lock<std::mutex> slot_lock;
+  if (slot && *slot != state::kUnranked)
+    slot_lock = std::unique_lock<std::mutex>(state.slot_mutex(*slot));
   state::CloseResult closed;
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     closed = state.imports.Close(pointer);
-    if (closed.ours) {
-      stats::Count(stats::Counter::kCloses);
-      for (const auto& chunk : closed.to_unmap) {
-        UnmapChunk(chunk.target, chunk.size);
-        stats::Count(stats::Counter::kChunksUnmapped);
-        stats::Count(stats::Counter::kBytesUnmapped, chunk.size);
-      }
-      if (closed.free_reservation != 0)
-        FreeReservation(closed.free_reservation, closed.free_reservation_size);
-    }
   }
   // Not ours (legacy memory, or one close too many): the driver decides.
-  return closed.ours ? CUDA_SUCCESS : VMMIPC_REAL(IpcCloseMemHandle, pointer);
+  if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
+  stats::Count(stats::Counter::kCloses);
+  for (const auto& chunk : closed.to_unmap) {
+    UnmapChunk(chunk.target, chunk.size);
+    stats::Count(stats::Counter::kChunksUnmapped);
+    stats::Count(stats::Counter::kBytesUnmapped, chunk.size);
+  }
+  if (closed.free_reservation != 0)
+    FreeReservation(closed.free_reservation, closed.free_reservation_size);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace vmmipc::core

@@ -123,8 +123,16 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
 }
 
 CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
+  if (!Active()) return VMMIPC_REAL(MemUnmap, pointer, size);
+  // The records go first, so that no request being served can see a mapping
+  // whose memory the driver has already taken away (a torn run), and a new
+  // mapping made at the same place by another thread right after the driver's
+  // unmap is never erased by this one's late bookkeeping.
+  state::TakenMappings taken = State().mappings.Take(pointer, size);
   const CUresult result = VMMIPC_REAL(MemUnmap, pointer, size);
-  if (result == CUDA_SUCCESS && Active()) State().mappings.Remove(pointer, size);
+  if (result != CUDA_SUCCESS) State().mappings.Restore(taken.records);
+  // The cached exported fds close here, outside the table's lock. The last
+  // one of the process may cost the driver's export teardown (~550 us).
   return result;
 }
 

@@ -28,7 +28,8 @@ bool TryReserveAt(uint64_t want, uint64_t size) {
 
 }  // namespace
 
-void EnsureZoneLocked(ProcessState& state) {
+void EnsureZone(ProcessState& state) {
+  std::lock_guard lock(state.zone_mutex);
   if (state.zone_state != ZoneState::kUntried) return;
   const config::Params& params = config::Get();
   state::ZoneLayout zone;
@@ -44,9 +45,10 @@ void EnsureZoneLocked(ProcessState& state) {
                     zone.slot_size);
     return;
   }
-  VMMIPC_LOG_WARN("no import zone (tried 0x{:x} and 0x{:x}): peer memory is placed best-effort, "
-                  "so peer addresses differ between runs (see docs/troubleshooting.md)",
-                  params.zone_base, params.zone_fallback_base);
+  VMMIPC_LOG_WARN(
+      "no import zone (tried 0x{:x} and 0x{:x}): peer memory is placed best-effort, "
+      "so peer addresses differ between runs (see docs/troubleshooting.md)",
+      params.zone_base, params.zone_fallback_base);
 }
 
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base) {

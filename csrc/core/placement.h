@@ -11,9 +11,10 @@
 
 namespace vmmipc::core {
 
-// Reserves the zone on first use. Caller holds import_mutex. Never fails:
-// without a zone every import is placed best-effort (with one warning).
-void EnsureZoneLocked(ProcessState& state);
+// Reserves the zone on first use (under zone_mutex; zone and zone_state are
+// fixed once it returns). Never fails: without a zone every import is placed
+// best-effort (with one warning).
+void EnsureZone(ProcessState& state);
 
 // A reservation anywhere, for best-effort placement.
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base);

@@ -12,6 +12,7 @@
 #include "common/parked.h"
 #include "config/params.h"
 #include "core/stats.h"
+#include "transport/fd_reaper.h"
 
 namespace vmmipc::core {
 namespace {
@@ -48,7 +49,14 @@ ProcessState* Create() {
 void AfterForkInChild() {
   log::ResetAfterFork();
   stats::ResetAfterFork();
+  transport::ResetReaperAfterFork();
   ProcessState* old = g_state.load(std::memory_order_relaxed);
+  // The parent's cached exported fds would keep its memory alive after the
+  // parent unmaps it: the child closes its copies.
+  if (old != nullptr && !old->mappings.CloseCachedFdsInForkedChild())
+    VMMIPC_LOG_WARN(
+        "forked child: the parent's exported-fd cache was busy at fork; its copies "
+        "of exported fds stay open in this process");
   if (old != nullptr && old->listener) {
     old->listener->AbandonAfterFork();
     Park(old->listener.release());

@@ -23,13 +23,16 @@ enum class ArenaState { kUntried, kReserved, kUnavailable };
 
 struct ProcessState {
   uint32_t pid = 0;
-  uint64_t token = 0;      // never 0; proves a handle came from this process
-  int32_t rank = -1;       // this process's slot, -1 unranked
+  uint64_t token = 0;  // never 0; proves a handle came from this process
+  int32_t rank = -1;   // this process's slot, -1 unranked
 
-  // Export side.
+  // Export side. `generations` and `mappings` lock themselves (mappings also
+  // holds the exported-fd cache). export_mutex guards the members after them;
+  // get takes it only until the listener has started, and export_context is
+  // written before the listener's threads start, read-only after.
   state::ChunkGenerations generations;
   state::VmmMappings mappings;  // own VMM mappings, from the cuMemMap/cuMemUnmap hooks
-  std::mutex export_mutex;  // guards the members below
+  std::mutex export_mutex;
   std::unique_ptr<transport::Listener> listener;
   std::atomic<bool> listener_ready{false};  // lets get skip export_mutex once started
   void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
@@ -42,9 +45,25 @@ struct ProcessState {
   std::unique_ptr<state::ArenaCarver> arena;
   bool arena_exhausted_warned = false;
 
-  // Import side.
-  std::mutex import_mutex;  // guards the members below
+  // Import side. The locking rule:
+  //  - import_mutex guards `imports`. It is held only while the table is read
+  //    or written: never across socket I/O or a driver call, so pointer
+  //    queries and opens of other exporters never wait behind an open.
+  //  - slot_mutex(slot) serialises the placement and the driver calls (map,
+  //    set access, unmap) of the opens and closes whose chunks lie in one rank
+  //    slot of the zone, so that a chunk being unmapped by a close is never
+  //    probed free and mapped over by an open. Opens of exporters in other
+  //    slots run in parallel; fetching fds from the exporter happens before
+  //    it is taken. Taken before import_mutex, never after it.
+  //  - best-effort placements (private reservations) need no slot lock.
+  //  - zone_mutex guards the zone's reservation; zone and zone_state never
+  //    change once EnsureZone (placement.h) has returned.
+  std::mutex import_mutex;
   state::ImportTable imports;
+  static constexpr size_t kSlotLocks = 64;
+  std::mutex slot_mutexes[kSlotLocks];
+  std::mutex& slot_mutex(uint32_t slot) { return slot_mutexes[slot % kSlotLocks]; }
+  std::mutex zone_mutex;
   state::ZoneLayout zone;
   ZoneState zone_state = ZoneState::kUntried;
 };

@@ -136,7 +136,7 @@ std::string Format() {
   out +=
       "  export: " + Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false) + "\n";
   out += "  listener: " + Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
-         Group(Counter::kConnectionsDropped, Counter::kConnectionsDropped, false) +
+         Group(Counter::kConnectionsDropped, Counter::kConnectionsReaped, false) +
          "; refusals: " + Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true) +
          "\n";
   out += "  import: " + Group(Counter::kHandlesOpened, Counter::kPlacementsBestEffort, false) +

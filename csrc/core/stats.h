@@ -26,6 +26,9 @@ namespace vmmipc::core::stats {
   /* Exporter: the listener. */                             \
   X(kRequestsServed, "requests_served")                     \
   X(kChunksServed, "chunks_served")                         \
+  X(kFdsExported, "fds_exported")                           \
+  X(kFdCacheGrants, "fd_cache_grants")                      \
+  X(kFdCacheEvictions, "fd_cache_evictions")                \
   X(kFdsSent, "fds_sent")                                   \
   X(kRefusedBadToken, "refused_bad_token")                  \
   X(kRefusedWrongUser, "refused_wrong_user")                \
@@ -36,6 +39,7 @@ namespace vmmipc::core::stats {
   X(kRefusedInternal, "refused_internal")                   \
   X(kRefusedBadRequest, "refused_bad_request")              \
   X(kConnectionsDropped, "connections_dropped")             \
+  X(kConnectionsReaped, "connections_reaped")               \
   /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */ \
   X(kHandlesOpened, "handles_opened")                       \
   X(kReopens, "reopens")                                    \

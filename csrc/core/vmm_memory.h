@@ -13,9 +13,9 @@
 namespace vmmipc::core {
 
 struct ChunkInfo {
-  uint64_t base = 0;         // the one mapping holding the address
+  uint64_t base = 0;  // the one mapping holding the address
   uint64_t size = 0;
-  uint64_t offset = 0;       // of the mapping into its allocation (known when tracked)
+  uint64_t offset = 0;  // of the mapping into its allocation (known when tracked)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
   uint64_t region_base = 0;  // what importers mirror (the arena or the reservation)

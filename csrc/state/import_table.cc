@@ -78,6 +78,12 @@ std::vector<MappedChunk> ImportTable::TakeUnused(const std::vector<uint64_t>& ta
   return unused;
 }
 
+std::optional<uint32_t> ImportTable::SlotOf(uint64_t pointer) const {
+  auto it = opens_.find(pointer);
+  if (it == opens_.end()) return std::nullopt;
+  return it->second.key.rank_slot;
+}
+
 const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {
   // Records are keyed by pointer, which lies inside their run; runs of
   // different records may overlap (two handles into one span), any match
@@ -93,4 +99,3 @@ const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {
 }
 
 }  // namespace vmmipc::state
-

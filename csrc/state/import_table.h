@@ -24,12 +24,12 @@ struct ExporterId {
 
 // A peer chunk mapped in this process.
 struct MappedChunk {
-  uint64_t target = 0;            // importer address
+  uint64_t target = 0;  // importer address
   uint64_t size = 0;
   ExporterId exporter;
   uint64_t exporter_address = 0;  // the chunk's base in the exporter
   uint32_t generation = 0;
-  uint32_t users = 0;             // open records holding it
+  uint32_t users = 0;  // open records holding it
 };
 
 // Identity of one handle: the same handle opened again is the same key.
@@ -43,13 +43,13 @@ struct OpenKey {
 };
 
 struct OpenRecord {
-  uint64_t pointer = 0;             // what cuIpcOpenMemHandle returned
+  uint64_t pointer = 0;  // what cuIpcOpenMemHandle returned
   OpenKey key;
-  uint32_t opens = 0;               // outstanding opens of this pointer
-  std::vector<uint64_t> chunks;     // targets of the chunks it holds, ascending
-  uint64_t run_base = 0;            // importer range of the whole mapped run
+  uint32_t opens = 0;            // outstanding opens of this pointer
+  std::vector<uint64_t> chunks;  // targets of the chunks it holds, ascending
+  uint64_t run_base = 0;         // importer range of the whole mapped run
   uint64_t run_size = 0;
-  uint64_t private_reservation = 0; // best-effort placement: its own reservation
+  uint64_t private_reservation = 0;  // best-effort placement: its own reservation
   uint64_t private_reservation_size = 0;
 };
 
@@ -61,10 +61,10 @@ enum class ChunkProbe {
 
 // What a close hands back to core for driver calls.
 struct CloseResult {
-  bool ours = false;                    // false: not opened by vmmipc, pass through
-  bool last = false;                    // the record is gone
-  std::vector<MappedChunk> to_unmap;    // chunks with no users left
-  uint64_t free_reservation = 0;        // a private reservation to free
+  bool ours = false;                  // false: not opened by vmmipc, pass through
+  bool last = false;                  // the record is gone
+  std::vector<MappedChunk> to_unmap;  // chunks with no users left
+  uint64_t free_reservation = 0;      // a private reservation to free
   uint64_t free_reservation_size = 0;
 };
 
@@ -82,6 +82,9 @@ class ImportTable {
   CloseResult Close(uint64_t pointer);
   // Chunks with no users, as left by a failed open: removes and returns them.
   std::vector<MappedChunk> TakeUnused(const std::vector<uint64_t>& targets);
+  // The rank slot of the handle `pointer` was opened from (the lock core
+  // takes for its close); nullopt when no open returned `pointer`.
+  std::optional<uint32_t> SlotOf(uint64_t pointer) const;
   // The open record whose run contains `address`, for the range queries.
   const OpenRecord* FindByAddress(uint64_t address) const;
 

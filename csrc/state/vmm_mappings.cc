@@ -1,46 +1,149 @@
-// The mapping table: an ordered map of non-overlapping ranges.
+// The mapping table: an ordered map of non-overlapping ranges, each with an
+// optional cached exported fd.
 #include "state/vmm_mappings.h"
+
+#include <fcntl.h>
 
 #include <iterator>
 #include <mutex>
 
 namespace vmmipc::state {
+namespace {
 
-void VmmMappings::RemoveLocked(uint64_t base, uint64_t size) {
-  auto it = mappings_.lower_bound(base);
-  if (it != mappings_.begin()) {
+ScopedFd DupCloexec(int fd) { return ScopedFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
+
+}  // namespace
+
+void VmmMappings::TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken) {
+  auto it = records_.lower_bound(base);
+  if (it != records_.begin()) {
     auto prev = std::prev(it);
-    if (prev->second.base + prev->second.size > base) it = prev;
+    if (prev->second.mapping.base + prev->second.mapping.size > base) it = prev;
   }
-  while (it != mappings_.end() && it->second.base < base + size) it = mappings_.erase(it);
+  while (it != records_.end() && it->second.mapping.base < base + size) {
+    taken->records.push_back(it->second.mapping);
+    if (it->second.fd.valid()) {
+      --cached_fds_;
+      taken->fds.push_back(std::move(it->second.fd));
+    }
+    it = records_.erase(it);
+  }
 }
 
 uint32_t VmmMappings::Add(VmmMapping mapping) {
+  TakenMappings stale;  // closed after the lock is released
   std::unique_lock lock(mutex_);
-  RemoveLocked(mapping.base, mapping.size);
+  TakeLocked(mapping.base, mapping.size, &stale);
   if (++next_generation_ == 0) next_generation_ = 0x80000000u;  // 0 never names memory
   mapping.generation = next_generation_;
-  mappings_[mapping.base] = mapping;
+  records_[mapping.base].mapping = mapping;
   return mapping.generation;
 }
 
-void VmmMappings::Remove(uint64_t base, uint64_t size) {
+TakenMappings VmmMappings::Take(uint64_t base, uint64_t size) {
+  TakenMappings taken;
   std::unique_lock lock(mutex_);
-  RemoveLocked(base, size);
+  TakeLocked(base, size, &taken);
+  return taken;
+}
+
+void VmmMappings::Restore(const std::vector<VmmMapping>& records) {
+  std::unique_lock lock(mutex_);
+  for (const VmmMapping& mapping : records) {
+    // A record added meanwhile at the same place is newer: keep it.
+    if (records_.count(mapping.base) == 0) records_[mapping.base].mapping = mapping;
+  }
 }
 
 std::optional<VmmMapping> VmmMappings::Find(uint64_t address) const {
   std::shared_lock lock(mutex_);
-  auto it = mappings_.upper_bound(address);
-  if (it == mappings_.begin()) return std::nullopt;
+  auto it = records_.upper_bound(address);
+  if (it == records_.begin()) return std::nullopt;
   --it;
-  if (address - it->second.base >= it->second.size) return std::nullopt;
-  return it->second;
+  if (address - it->second.mapping.base >= it->second.mapping.size) return std::nullopt;
+  return it->second.mapping;
+}
+
+std::vector<VmmMapping> VmmMappings::Run(uint64_t base, uint64_t end, size_t max_chunks) const {
+  std::vector<VmmMapping> run;
+  std::shared_lock lock(mutex_);
+  for (auto it = records_.find(base); it != records_.end() && run.size() < max_chunks; ++it) {
+    const VmmMapping& m = it->second.mapping;
+    if (m.base >= end || (!run.empty() && m.base != run.back().base + run.back().size)) break;
+    run.push_back(m);
+  }
+  return run;
+}
+
+bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run) const {
+  std::shared_lock lock(mutex_);
+  for (const VmmMapping& m : run) {
+    auto it = records_.find(m.base);
+    if (it == records_.end() || it->second.mapping.generation != m.generation ||
+        it->second.mapping.size != m.size)
+      return false;
+  }
+  return true;
 }
 
 size_t VmmMappings::size() const {
   std::shared_lock lock(mutex_);
-  return mappings_.size();
+  return records_.size();
+}
+
+void VmmMappings::SetFdCacheLimit(size_t limit) {
+  std::unique_lock lock(mutex_);
+  fd_limit_ = limit == 0 ? 1 : limit;
+}
+
+ScopedFd VmmMappings::DupCachedFd(uint64_t base, uint32_t generation) {
+  // Exclusive: the fd cannot be taken out and closed while it is duplicated,
+  // and last_use is written.
+  std::unique_lock lock(mutex_);
+  auto it = records_.find(base);
+  if (it == records_.end() || it->second.mapping.generation != generation || !it->second.fd.valid())
+    return ScopedFd();
+  it->second.last_use = ++clock_;
+  return DupCloexec(it->second.fd.get());
+}
+
+ScopedFd VmmMappings::CacheFd(uint64_t base, uint32_t generation, ScopedFd fd,
+                              std::vector<ScopedFd>* evicted) {
+  std::unique_lock lock(mutex_);
+  auto it = records_.find(base);
+  if (it == records_.end() || it->second.mapping.generation != generation || it->second.fd.valid())
+    return fd;
+  ScopedFd copy = DupCloexec(fd.get());
+  if (!copy.valid()) return fd;  // out of fds: send the one we have, cache nothing
+  while (cached_fds_ >= fd_limit_) {
+    // Evict the least recently used; the newcomer keeps the process's export
+    // state alive, so the cache never drops to zero through eviction.
+    auto victim = records_.end();
+    for (auto r = records_.begin(); r != records_.end(); ++r)
+      if (r->second.fd.valid() &&
+          (victim == records_.end() || r->second.last_use < victim->second.last_use))
+        victim = r;
+    if (victim == records_.end()) break;
+    evicted->push_back(std::move(victim->second.fd));
+    --cached_fds_;
+  }
+  it->second.fd = std::move(fd);
+  it->second.last_use = ++clock_;
+  ++cached_fds_;
+  return copy;
+}
+
+bool VmmMappings::CloseCachedFdsInForkedChild() {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  for (auto& [base, record] : records_) record.fd.Reset();
+  cached_fds_ = 0;
+  return true;
+}
+
+size_t VmmMappings::cached_fd_count() const {
+  std::shared_lock lock(mutex_);
+  return cached_fds_;
 }
 
 }  // namespace vmmipc::state

@@ -2,40 +2,104 @@
 // undone through cuMemUnmap, so that cuIpcGetMemHandle and the listener can
 // describe exported memory without asking the driver. Each mapping gets a
 // generation when it is made: memory unmapped and mapped again at the same
-// address is new memory to an importer. Thread-safe; no driver calls.
+// address is new memory to an importer.
+//
+// It also keeps the exported-fd cache: at most one exported POSIX fd per
+// mapping, made on the first request for it and dup()ed for every grant, so
+// that N importers of one chunk cost one export, and so that the process
+// always holds a live exported fd while it serves (the driver sets up its
+// export state, ~600 us, when the process's count of live exported fds goes
+// from 0 to 1, and tears it down, ~550 us inside close(), when it returns to
+// 0). A cached fd lives exactly as long as its mapping's record: the record
+// is taken out before the driver unmaps, and the fd is closed by whoever took
+// it, never under the lock.
+//
+// Locking: one reader-writer mutex guards the records and the cache; it is
+// never held across a driver call or a close(); dup() runs under it so that
+// a concurrent Take cannot close the fd being duplicated.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <shared_mutex>
+#include <vector>
+
+#include "common/scoped_fd.h"
 
 namespace vmmipc::state {
 
 struct VmmMapping {
-  uint64_t base = 0;           // the mapping: [base, base + size)
+  uint64_t base = 0;  // the mapping: [base, base + size)
   uint64_t size = 0;
-  uint64_t offset = 0;         // into its allocation (vmmipc exports offset-0 mappings only)
+  uint64_t offset = 0;  // into its allocation (vmmipc exports offset-0 mappings only)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
-  uint64_t region_base = 0;    // what importers mirror: the arena or the reservation
-  uint64_t region_end = 0;     // where a run of chunks stops: the end of the reservation
+  uint64_t region_base = 0;  // what importers mirror: the arena or the reservation
+  uint64_t region_end = 0;   // where a run of chunks stops: the end of the reservation
+};
+
+// What Take() removed: records to restore if the driver refuses the unmap,
+// and cached fds to close once the lock is released.
+struct TakenMappings {
+  std::vector<VmmMapping> records;
+  std::vector<ScopedFd> fds;
 };
 
 class VmmMappings {
  public:
-  // Records a new mapping (replacing any record it overlaps) and returns its generation.
+  // Records a new mapping (replacing any record it overlaps; their cached
+  // fds are closed) and returns its generation.
   uint32_t Add(VmmMapping mapping);
+  // Takes out every mapping that overlaps [base, base + size) with its
+  // cached fd. Call before the driver unmaps, so no request can see a record
+  // whose memory is already gone.
+  TakenMappings Take(uint64_t base, uint64_t size);
+  // Puts back records taken out (the unmap failed); their fds are not restored.
+  void Restore(const std::vector<VmmMapping>& records);
   // Forgets every mapping that overlaps [base, base + size).
-  void Remove(uint64_t base, uint64_t size);
+  void Remove(uint64_t base, uint64_t size) { Take(base, size); }
   std::optional<VmmMapping> Find(uint64_t address) const;
+  // The run of mappings that starts exactly at `base` and continues while the
+  // next mapping starts where the previous one ends, below `end`; at most
+  // `max_chunks` records. One consistent snapshot.
+  std::vector<VmmMapping> Run(uint64_t base, uint64_t end, size_t max_chunks) const;
+  // True when every record of `run` is still in the table with its generation.
+  bool StillMapped(const std::vector<VmmMapping>& run) const;
   size_t size() const;
 
+  // The exported-fd cache.
+  // Caps the number of cached fds (at least 1). Past the cap the least
+  // recently used fd is closed, never the last one.
+  void SetFdCacheLimit(size_t limit);
+  // A new CLOEXEC dup of the cached fd of the mapping at `base` of
+  // `generation`; invalid when none is cached.
+  ScopedFd DupCachedFd(uint64_t base, uint32_t generation);
+  // Caches `fd` (just exported) for the mapping at `base` of `generation`
+  // and returns a dup of it for the caller to send. When the mapping is gone
+  // or changed, or already has an fd, returns `fd` itself, uncached. Fds
+  // evicted to stay under the limit are moved to `*evicted` (close them
+  // outside any lock).
+  ScopedFd CacheFd(uint64_t base, uint32_t generation, ScopedFd fd, std::vector<ScopedFd>* evicted);
+  size_t cached_fd_count() const;
+  // In a forked child: closes the copies of every cached fd and forgets them.
+  // False, touching nothing, when a thread of the parent held the table at
+  // the fork (its lock cannot be taken, and the map may be half-updated).
+  bool CloseCachedFdsInForkedChild();
+
  private:
-  void RemoveLocked(uint64_t base, uint64_t size);
+  struct Record {
+    VmmMapping mapping;
+    ScopedFd fd;            // the exported fd, when cached
+    uint64_t last_use = 0;  // cache clock, for eviction
+  };
+  void TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken);
   mutable std::shared_mutex mutex_;
-  std::map<uint64_t, VmmMapping> mappings_;  // by base
-  uint32_t next_generation_ = 0x80000000u;   // apart from handle generations (ChunkGenerations)
+  std::map<uint64_t, Record> records_;      // by base
+  uint32_t next_generation_ = 0x80000000u;  // apart from handle generations (ChunkGenerations)
+  size_t fd_limit_ = 1024;
+  size_t cached_fds_ = 0;
+  uint64_t clock_ = 0;
 };
 
 }  // namespace vmmipc::state

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common/status.h"
+#include "transport/fd_reaper.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -217,6 +218,67 @@ IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
     out->length = static_cast<size_t>(n);
     return {};
   }
+}
+
+IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
+                     const Deadline& deadline, int stop_fd) {
+  *out = PeekedMessage{};
+  while (true) {
+    if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
+    iovec iov{buffer.data(), buffer.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    // No control buffer: attached fds stay in the kernel's queue, owned by
+    // the message, and MSG_CTRUNC tells us they are there.
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return FromErrno(errno);
+    }
+    out->carries_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
+    out->truncated = (msg.msg_flags & MSG_TRUNC) != 0;
+    if (n == 0 && !out->carries_fds) return {IoStatus::kPeerClosed, 0};
+    out->length = static_cast<size_t>(n);
+    return {};
+  }
+}
+
+void DiscardPeekedMessage(int fd) {
+  uint8_t byte = 0;
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  (void)RetryOnEintr([&] { return ::recvmsg(fd, &msg, MSG_DONTWAIT); });
+}
+
+bool RefuseIncomingFds(int listen_fd) {
+#ifndef SO_PASSRIGHTS
+  constexpr int SO_PASSRIGHTS = 83;  // include/uapi/asm-generic/socket.h, Linux 6.16
+#endif
+  const int off = 0;
+  return ::setsockopt(listen_fd, SOL_SOCKET, SO_PASSRIGHTS, &off, sizeof(off)) == 0;
+}
+
+bool CloseConnection(ScopedFd connection) {
+  if (!connection.valid()) return false;
+  // After shutdown the peer can queue nothing more (its sends fail with
+  // EPIPE), so one look at the queue is final for what can still arrive.
+  ::shutdown(connection.get(), SHUT_RDWR);
+  uint8_t byte = 0;
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  const ssize_t n =
+      RetryOnEintr([&] { return ::recvmsg(connection.get(), &msg, MSG_PEEK | MSG_DONTWAIT); });
+  // Empty (EAGAIN) or end of stream (0, no fds): nothing of the peer's is
+  // left with us, and the close is ordinary. Anything else may hold fds.
+  const bool empty = (n < 0 && errno == EAGAIN) || (n == 0 && (msg.msg_flags & MSG_CTRUNC) == 0);
+  if (empty) return false;
+  CloseInBackground(std::move(connection));
+  return true;
 }
 
 }  // namespace vmmipc::transport

@@ -83,4 +83,31 @@ struct ReceivedMessage {
 IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
                         const Deadline& deadline, int stop_fd = -1);
 
+// Looks at the next message without taking it and without installing any fd
+// it carries (no control buffer: the kernel keeps them queued). `carries_fds`
+// is set when it has some (MSG_CTRUNC). Waits like ReceiveMessage; an empty
+// queue after the peer's shutdown is kPeerClosed.
+struct PeekedMessage {
+  size_t length = 0;
+  bool truncated = false;
+  bool carries_fds = false;
+};
+IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
+                     const Deadline& deadline, int stop_fd = -1);
+// Takes the next message, already peeked and known to carry no fds, off the
+// queue without a control buffer (so no fd can be installed even so).
+void DiscardPeekedMessage(int fd);
+
+// Asks the kernel to refuse SCM_RIGHTS sent to `listen_fd` and the
+// connections accepted from it (SO_PASSRIGHTS = 0, Linux 6.16 and later):
+// the sender's sendmsg fails with EPERM and no fd ever reaches us. False
+// where the kernel does not know the option.
+bool RefuseIncomingFds(int listen_fd);
+
+// Closes a connection whose peer may have queued fds we never received:
+// shuts it down, and when something is still queued, hands it to the reaper
+// (fd_reaper.h) so that the last close of those fds cannot block this
+// thread. Returns true when it went to the reaper.
+bool CloseConnection(ScopedFd connection);
+
 }  // namespace vmmipc::transport

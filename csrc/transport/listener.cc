@@ -1,7 +1,8 @@
 // The listener's lifecycle: bind the socket (abstract or filesystem), run the
-// one accept thread, stop it promptly through an eventfd, and let a forked
-// child walk away from a thread it does not have. Serving a connection is
-// serve_connection.cc's job.
+// poll thread that accepts connections and reads requests, run the workers
+// that answer them, stop everything promptly through an eventfd, and let a
+// forked child walk away from threads it does not have. What happens on one
+// connection is serve_connection.cc's job.
 #include "transport/listener.h"
 
 #include <poll.h>
@@ -12,11 +13,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "common/log.h"
 #include "common/parked.h"
+#include "common/quiet_thread.h"
 #include "common/status.h"
 #include "transport/fd_channel.h"
 #include "transport/serve_connection.h"
@@ -26,35 +32,54 @@
 namespace vmmipc::transport {
 namespace {
 
-// The accept loop's poll period: a safety net only, since Stop() wakes the
-// thread through the eventfd at once.
+// The poll loop's longest sleep: a safety net only, since Stop() wakes the
+// thread through the eventfd at once and request deadlines shorten it.
 constexpr int kPollPeriodMs = 200;
 // How long to pause when accept() fails for lack of fds or memory: the
 // pending connection stays queued, so retrying at once would spin.
 constexpr int kAcceptBackoffMs = 100;
-constexpr int kBacklog = 64;
+constexpr int kBacklog = 256;
+// Connections waiting for their request at once. Past it the poll thread
+// stops accepting until some are answered; further peers wait in the backlog.
+constexpr size_t kMaxWaiting = 512;
 
 }  // namespace
 
 struct Listener::Impl {
   ListenerOptions options;
   ServeHandler handler;
+  ServeContext context;  // shared by the poll thread and the workers; set before they start
   SocketAddress address;
   ScopedFd listen_fd;
   ScopedFd stop_fd;  // eventfd: readable once Stop() wrote it, and stays so
-  // Heap-held so that a forked child can leak it: destroying a joinable
+  // Heap-held so that a forked child can leak them: destroying a joinable
   // std::thread calls std::terminate, and joining a thread that does not
   // exist in the child would hang.
   std::unique_ptr<std::thread> thread;
-  pid_t owner_pid = 0;  // getpid() at Start(): who may join the thread and unlink the path
+  pid_t owner_pid = 0;  // getpid() at Start(): who may join the threads and unlink the path
   bool owns_path = false;
   dev_t path_dev = 0;
   ino_t path_ino = 0;
+
+  // The workers. Guarded by jobs_mutex: jobs, workers, idle_workers,
+  // stopping. Never held across I/O or the handler.
+  struct Job {
+    PendingRequest request;
+    std::function<void()> task;  // set instead of a request for Post()
+  };
+  std::mutex jobs_mutex;
+  std::condition_variable jobs_ready;
+  std::deque<Job> jobs;
+  std::vector<std::unique_ptr<std::thread>> workers;
+  size_t idle_workers = 0;
+  bool stopping = false;
 
   // Every exit path of Start() and of the Listener ends here.
   ~Impl() { Stop(); }
 
   void Run() noexcept;
+  void Work() noexcept;
+  void Dispatch(Job job) noexcept;
   void Stop() noexcept;
   void Abandon() noexcept;
   void UnlinkOwnPath() noexcept;
@@ -102,38 +127,121 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
 }  // namespace
 
 void Listener::Impl::Run() noexcept {
-  ServeContext context;
-  context.key = wire::DeriveKey(options.token, options.pid);
-  context.uid = ::geteuid();
-  context.timeout_ms = std::max(options.timeout_ms, 1);
-  context.stop_fd = stop_fd.get();
-  context.handler = &handler;
-  context.name = address.display;
-  context.events = options.events;
-
-  pollfd pfds[2] = {{listen_fd.get(), POLLIN, 0}, {stop_fd.get(), POLLIN, 0}};
+  std::vector<Connection> waiting;  // accepted, request not read yet; poll thread only
+  std::vector<pollfd> pfds;
   while (true) {
-    pfds[0].revents = pfds[1].revents = 0;
-    const int n = ::poll(pfds, 2, kPollPeriodMs);
+    pfds.clear();
+    const bool accepting = waiting.size() < kMaxWaiting;
+    pfds.push_back({stop_fd.get(), POLLIN, 0});
+    pfds.push_back({accepting ? listen_fd.get() : -1, POLLIN, 0});
+    int sleep_ms = kPollPeriodMs;
+    for (const Connection& c : waiting) {
+      pfds.push_back({c.fd.get(), POLLIN, 0});
+      sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
+    }
+    const int n = ::poll(pfds.data(), pfds.size(), sleep_ms);
     if (n < 0 && errno != EINTR) {
       VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display, ErrnoText(errno));
-      return;
+      break;
     }
-    if (pfds[1].revents != 0) return;
-    if (n <= 0 || pfds[0].revents == 0) continue;
-    // Non-blocking accept: a connection that went away between poll and
-    // accept must not park the thread where Stop() cannot reach it.
-    const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      const int error = errno;
-      if (error == EAGAIN || error == EINTR || error == ECONNABORTED) continue;
-      VMMIPC_LOG_WARN("listener {}: accept failed: {}; retrying in {} ms", address.display,
-                      ErrnoText(error), kAcceptBackoffMs);
-      pollfd stop{stop_fd.get(), POLLIN, 0};
-      if (::poll(&stop, 1, kAcceptBackoffMs) > 0) return;
-      continue;
+    if (pfds[0].revents != 0) break;
+    // Requests first (their peers are waiting), then the deadlines, then new peers.
+    std::vector<Connection> still_waiting;
+    still_waiting.reserve(waiting.size());
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      Connection& c = waiting[i];
+      if (n > 0 && pfds[i + 2].revents != 0) {
+        PendingRequest request;
+        const ReadOutcome outcome = ReadRequest(c, context, &request);
+        if (outcome == ReadOutcome::kReady) {
+          Dispatch(Job{std::move(request), nullptr});
+          continue;
+        }
+        if (outcome == ReadOutcome::kDone) continue;
+      }
+      if (c.deadline.Expired()) {
+        DropSilent(std::move(c), context);
+        continue;
+      }
+      still_waiting.push_back(std::move(c));
     }
-    ServeConnection(ScopedFd(fd), context);
+    waiting = std::move(still_waiting);
+    if (n <= 0 || !accepting || pfds[1].revents == 0) continue;
+    // Accept everything queued. Non-blocking: a connection that went away
+    // between poll and accept must not park the thread where Stop() cannot
+    // reach it.
+    while (waiting.size() < kMaxWaiting) {
+      const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        const int error = errno;
+        if (error == EAGAIN || error == EINTR || error == ECONNABORTED) break;
+        VMMIPC_LOG_WARN("listener {}: accept failed: {}; retrying in {} ms", address.display,
+                        ErrnoText(error), kAcceptBackoffMs);
+        pollfd stop{stop_fd.get(), POLLIN, 0};
+        if (::poll(&stop, 1, kAcceptBackoffMs) > 0) goto stopped;
+        break;
+      }
+      Connection connection;
+      if (StartConnection(ScopedFd(fd), context, &connection))
+        waiting.push_back(std::move(connection));
+    }
+  }
+stopped:
+  for (Connection& c : waiting) CloseConnection(std::move(c.fd));
+}
+
+void Listener::Impl::Dispatch(Job job) noexcept {
+  try {
+    std::unique_lock lock(jobs_mutex);
+    if (stopping) return;  // the job's connection closes with it
+    jobs.push_back(std::move(job));
+    if (idle_workers == 0 && workers.size() < static_cast<size_t>(options.max_workers)) {
+      try {
+        workers.push_back(StartQuietThread("vmmipc-serve", [this] { Work(); }));
+      } catch (const std::exception& e) {
+        if (workers.empty()) {
+          VMMIPC_LOG_ERROR(
+              "listener {}: cannot start a worker thread: {}; answering on the "
+              "poll thread",
+              address.display, e.what());
+          Job inline_job = std::move(jobs.back());
+          jobs.pop_back();
+          lock.unlock();
+          if (inline_job.task)
+            inline_job.task();
+          else
+            AnswerRequest(std::move(inline_job.request), context);
+          return;
+        }
+      }
+    }
+    lock.unlock();
+    jobs_ready.notify_one();
+  } catch (...) {
+    // Out of memory queueing the job: it is dropped, its connection closed.
+  }
+}
+
+void Listener::Impl::Work() noexcept {
+  std::unique_lock lock(jobs_mutex);
+  while (true) {
+    ++idle_workers;
+    jobs_ready.wait(lock, [this] { return stopping || !jobs.empty(); });
+    --idle_workers;
+    if (stopping) return;
+    Job job = std::move(jobs.front());
+    jobs.pop_front();
+    lock.unlock();
+    if (job.task) {
+      try {
+        job.task();
+      } catch (...) {
+        VMMIPC_LOG_ERROR("listener {}: a posted task threw", address.display);
+      }
+    } else {
+      AnswerRequest(std::move(job.request), context);
+    }
+    lock.lock();
   }
 }
 
@@ -163,6 +271,18 @@ void Listener::Impl::Stop() noexcept {
     if (thread->joinable()) thread->join();
     thread.reset();
   }
+  std::deque<Job> abandoned;
+  {
+    std::lock_guard lock(jobs_mutex);
+    stopping = true;
+    abandoned.swap(jobs);
+  }
+  jobs_ready.notify_all();
+  // Workers in the middle of a reply see the stop fd and give up at once.
+  for (auto& worker : workers)
+    if (worker->joinable()) worker->join();
+  workers.clear();
+  for (Job& job : abandoned) CloseConnection(std::move(job.request.fd));
   listen_fd.Reset();
   stop_fd.Reset();
   UnlinkOwnPath();
@@ -170,6 +290,9 @@ void Listener::Impl::Stop() noexcept {
 
 void Listener::Impl::Abandon() noexcept {
   Park(thread.release());  // leaked on purpose, see `thread`
+  // The workers vector's storage and its mutex may be in any state the
+  // parent's threads left them in: never touched again, only kept reachable.
+  for (auto& worker : workers) Park(worker.release());
   // Closing our copies leaves the parent's socket and eventfd untouched: they
   // are the same open files, still referenced by the parent's descriptors.
   listen_fd.Reset();
@@ -224,6 +347,11 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       // need not even be able to connect.
       ::chmod(address.path.c_str(), 0600);
     }
+    // Nothing we are sent may carry fds: have the kernel refuse them outright
+    // where it can (Linux 6.16+); elsewhere serve_connection never takes them.
+    const bool refuses_fds = RefuseIncomingFds(impl->listen_fd.get());
+    VMMIPC_LOG_DEBUG("listener {}: SO_PASSRIGHTS {}", address.display,
+                     refuses_fds ? "off: the kernel refuses fds sent to us" : "not supported");
     if (::listen(impl->listen_fd.get(), kBacklog) != 0) {
       *error = fmt::format("listener {}: listen: {}", address.display, ErrnoText(errno));
       return nullptr;
@@ -234,23 +362,20 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       return nullptr;
     }
 
-    // The thread starts with every signal blocked, so that the host process's
-    // signal handlers never run on it (they may assume their own threads).
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    impl->context.key = wire::DeriveKey(options.token, options.pid);
+    impl->context.uid = ::geteuid();
+    impl->context.timeout_ms = std::max(options.timeout_ms, 1);
+    impl->context.stop_fd = impl->stop_fd.get();
+    impl->context.handler = &impl->handler;
+    impl->context.name = address.display;
+    impl->context.events = options.events;
     try {
       Impl* raw = impl.get();
-      impl->thread = std::make_unique<std::thread>([raw] {
-        pthread_setname_np(pthread_self(), "vmmipc-listen");
-        raw->Run();
-      });
+      impl->thread = StartQuietThread("vmmipc-listen", [raw] { raw->Run(); });
     } catch (const std::exception& e) {
-      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
       *error = fmt::format("listener {}: cannot start the thread: {}", address.display, e.what());
       return nullptr;
     }
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     VMMIPC_LOG_DEBUG("listener {}: serving", address.display);
     return std::unique_ptr<Listener>(new Listener(std::move(impl)));
   } catch (const std::exception& e) {
@@ -262,6 +387,10 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
 Listener::Listener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Listener::~Listener() = default;  // ~Impl stops the thread
+
+void Listener::Post(std::function<void()> task) {
+  if (impl_ && task) impl_->Dispatch(Impl::Job{PendingRequest{}, std::move(task)});
+}
 
 void Listener::AbandonAfterFork() noexcept {
   if (impl_) impl_->Abandon();

@@ -1,11 +1,14 @@
 // Listener: the exporter's side of the fd protocol. One per process, started
-// by core on the first VMM export (never at load), on its own thread, which
-// needs no CUDA context of its own (core's handler sets what it needs).
-// It accepts connections on this process's socket, checks the peer's uid
+// by core on the first VMM export (never at load). One poll thread accepts
+// connections and reads their requests, many at once and without blocking,
+// so that a silent or slow peer delays nobody else; it checks the peer's uid
 // (SO_PEERCRED) and the request's MAC (proof the peer holds this process's
-// token), asks the handler for the chunks, and sends them back in batches with
-// their fds (SCM_RIGHTS), MAC'd so the client knows it talks to the real
-// exporter. Every socket wait is bounded by the timeout.
+// token). Authenticated requests go to a small pool of workers (started as
+// needed, up to max_workers), which ask the handler for the chunks and send
+// them back in batches with their fds (SCM_RIGHTS), MAC'd so the client knows
+// it talks to the real exporter. No thread needs a CUDA context of its own
+// (core's handler sets what it needs). Every socket wait is bounded by the
+// timeout; the kernel is asked to refuse fds sent to us (SO_PASSRIGHTS).
 #pragma once
 
 #include <sys/types.h>
@@ -40,8 +43,9 @@ using ServeHandler = std::function<ServeReply(const ServeRequest&)>;
 // pointers: called on the listener thread, must not block or throw.
 struct ListenerEvents {
   void (*refused)(RefuseReason reason) = nullptr;  // every refusal sent
-  void (*granted)(size_t chunks) = nullptr;         // a grant fully sent, with its fds
-  void (*dropped)() = nullptr;                      // a connection closed without an answer
+  void (*granted)(size_t chunks) = nullptr;        // a grant fully sent, with its fds
+  void (*dropped)() = nullptr;                     // a connection closed without an answer
+  void (*reaped)() = nullptr;  // a connection that may hold a peer's fds, closed off-thread
 };
 
 struct ListenerOptions {
@@ -49,6 +53,7 @@ struct ListenerOptions {
   uint32_t pid = 0;        // this process's pid as it appears in handles
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // per connection: receive, send
+  int max_workers = 4;     // threads answering authenticated requests, started as needed
   ListenerEvents events;
 };
 
@@ -67,6 +72,10 @@ class Listener {
   void AbandonAfterFork() noexcept;
 
   const std::string& address() const;  // for logs: "@vmmipc.<uid>.<pid>" or a path
+
+  // Runs `task` once on a worker thread, in the order posted with requests
+  // (for example, exporting a chunk ahead of the first request for it).
+  void Post(std::function<void()> task);
 
   struct Impl;
 

@@ -95,6 +95,12 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   }
 
   ScopedFd sock;
+  // Whatever the exchange's end, anything still queued (an unverified
+  // answer's fds) is closed off this thread.
+  struct CloseOnExit {
+    ScopedFd& fd;
+    ~CloseOnExit() { CloseConnection(std::move(fd)); }
+  } close_on_exit{sock};
   if (IoResult io = ConnectSeqpacket(address, deadline, &sock); !io.ok()) {
     if (io.status == IoStatus::kError &&
         (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
@@ -138,21 +144,40 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   uint32_t total = 0;
   uint32_t batch_count = 1;
   for (uint32_t batch = 0; batch < batch_count; ++batch) {
-    ReceivedMessage message;
     const std::string what = fmt::format("receiving reply batch {}", batch);
-    if (IoResult io = ReceiveMessage(sock.get(), buffer, &message, deadline); !io.ok()) {
-      return IoFailure(io, what, address, timeout_ms);  // message.fds close here
+    // Look before taking: an answer that does not verify never gets its fds
+    // installed here (a squatter's fd may be a socket whose last close
+    // blocks for its linger time); the connection then goes to the reaper.
+    PeekedMessage peeked;
+    if (IoResult io = PeekMessage(sock.get(), buffer, &peeked, deadline); !io.ok()) {
+      return IoFailure(io, what, address, timeout_ms);
     }
-    if (message.truncated) {
+    if (peeked.truncated) {
       return Fail(FetchStatus::kProtocolError,
                   fmt::format("{} from {}: message longer than {} bytes", what, address.display,
                               buffer.size()));
     }
     wire::ReplyHeader header;
     std::vector<wire::ReplyEntry> entries;
-    const std::span<const uint8_t> bytes(buffer.data(), message.length);
+    const std::span<const uint8_t> bytes(buffer.data(), peeked.length);
     const wire::WireError parsed =
         wire::ParseReply(bytes, wire_request.nonce, key, &header, &entries);
+    ReceivedMessage message;
+    if (parsed == wire::WireError::kOk) {
+      // Verified: now take the message for real, with its fds.
+      std::vector<uint8_t> again(buffer.size());
+      if (IoResult io = ReceiveMessage(sock.get(), again, &message, deadline); !io.ok()) {
+        return IoFailure(io, what, address, timeout_ms);  // message.fds close here
+      }
+      if (message.length != peeked.length ||
+          !std::equal(bytes.begin(), bytes.end(), again.begin())) {
+        return Fail(FetchStatus::kProtocolError,
+                    fmt::format("{} from {}: the message changed between peek and receive", what,
+                                address.display));
+      }
+    } else {
+      message.length = peeked.length;  // left queued, fds and all: closed by the reaper
+    }
     if (parsed == wire::WireError::kBadMac) {
       // A process without our token cannot MAC anything we can verify, so a
       // real exporter that says "bad token" (a stale handle whose pid now
@@ -161,7 +186,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
       // refusal it claims to be, marked unverified; anything else is forged.
       if (header.status == static_cast<uint16_t>(RefuseReason::kBadToken) && batch == 0 &&
           header.entry_count == 0 && message.length == wire::kReplyHeaderSize &&
-          message.fds.empty()) {
+          !peeked.carries_fds) {
         FetchResult result = Fail(
             FetchStatus::kRefused,
             fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "

@@ -1,15 +1,20 @@
-// One connection, served in order: credentials, request, checks, handler,
-// reply batches. Every failure ends in a refusal (when the peer can be told)
-// or a closed connection, with one log line; no exception leaves this file.
+// One connection, served in order: credentials, request (looked at before it
+// is taken, so that no fd of an unchecked peer ever enters our table),
+// checks, handler, reply batches. Every failure ends in a refusal (when the
+// peer can be told) or a dropped connection, with one log line, rate-limited
+// so that a flood of hostile connections cannot flood the host's stderr; no
+// exception leaves this file.
 #include "transport/serve_connection.h"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <exception>
 
 #include "common/log.h"
 #include "common/status.h"
-#include "transport/fd_channel.h"
-#include "transport/wire.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -19,36 +24,67 @@ static_assert(wire::kMaxChunksPerBatch <= kMaxFdsPerMessage, "a batch's fds must
 // Generous for a v1 request (64 bytes); a longer one arrives truncated and
 // is refused as kBadRequest, its preamble still readable for the reply.
 constexpr size_t kRequestBufferSize = 512;
+// How long a refusal may take to send from the poll thread: the peer's queue
+// is empty at that point (a refusal is the first thing we send), so it goes
+// at once unless something is very wrong.
+constexpr int kRefusalSendMs = 50;
 
-// How long a peer of another uid may take to show its request. Such a peer is
-// never one of our importers (socket names carry the uid), so it gets a short
-// grace, only enough for its kWrongUser answer, rather than the full timeout:
-// otherwise any local user could hold the one listener thread timeout_ms at a
-// time by connecting and staying silent (a full backlog of 64 such peers
-// then costs at most 64 x 50 ms).
-constexpr int kOtherUserGraceMs = 50;
+// Refusal and drop lines: at most kLinesPerWindow per window, then one
+// summary line with how many were left out.
+constexpr int64_t kWindowMs = 10000;
+constexpr uint32_t kLinesPerWindow = 20;
+std::atomic<int64_t> g_window_start_ms{0};
+std::atomic<uint32_t> g_lines_in_window{0};
+std::atomic<uint64_t> g_suppressed{0};
 
-struct Exchange {
-  const ServeContext& context;
-  int fd;
-  PeerCredentials peer;
-  wire::Nonce nonce{};
-  uint64_t address = 0;  // as the request claims it (unverified until the MAC checks)
-};
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
-void SendRefusal(const Exchange& x, RefuseReason reason, const std::string& why) {
-  if (x.context.events.refused != nullptr) x.context.events.refused(reason);
-  VMMIPC_LOG_WARN("listener {}: refused peer pid {} uid {} for address {:#x}: {} ({})",
-                  x.context.name, x.peer.pid, x.peer.uid, x.address, RefuseReasonName(reason), why);
+// True when this refusal or drop may be logged.
+bool MayLog(const std::string& name) {
+  const int64_t now = NowMs();
+  int64_t start = g_window_start_ms.load(std::memory_order_relaxed);
+  if (now - start >= kWindowMs &&
+      g_window_start_ms.compare_exchange_strong(start, now, std::memory_order_relaxed)) {
+    g_lines_in_window.store(0, std::memory_order_relaxed);
+    if (const uint64_t left_out = g_suppressed.exchange(0, std::memory_order_relaxed))
+      VMMIPC_LOG_WARN(
+          "listener {}: {} more refusals and dropped connections in the last {} s "
+          "were not logged",
+          name, left_out, kWindowMs / 1000);
+  }
+  if (g_lines_in_window.fetch_add(1, std::memory_order_relaxed) < kLinesPerWindow) return true;
+  g_suppressed.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+void Dropped(const ServeContext& context) {
+  if (context.events.dropped != nullptr) context.events.dropped();
+}
+
+void Close(ScopedFd fd, const ServeContext& context) {
+  if (CloseConnection(std::move(fd)) && context.events.reaped != nullptr) context.events.reaped();
+}
+
+void SendRefusal(int fd, const ServeContext& context, const PeerCredentials& peer,
+                 const wire::Nonce& nonce, uint64_t address, RefuseReason reason,
+                 const std::string& why, int send_ms) {
+  if (context.events.refused != nullptr) context.events.refused(reason);
+  if (MayLog(context.name))
+    VMMIPC_LOG_WARN("listener {}: refused peer pid {} uid {} for address {:#x}: {} ({})",
+                    context.name, peer.pid, peer.uid, address, RefuseReasonName(reason), why);
   wire::ReplyHeader header;
   header.status = static_cast<uint16_t>(reason);
   header.total_chunks = 0;
   header.batch_index = 0;
   header.batch_count = 1;
-  const std::vector<uint8_t> bytes = wire::EncodeReply(x.nonce, x.context.key, header, {});
-  const Deadline deadline = Deadline::AfterMs(x.context.timeout_ms);
-  if (IoResult io = SendMessage(x.fd, bytes, {}, deadline, x.context.stop_fd); !io.ok()) {
-    VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", x.context.name, x.peer.pid,
+  const std::vector<uint8_t> bytes = wire::EncodeReply(nonce, context.key, header, {});
+  if (IoResult io = SendMessage(fd, bytes, {}, Deadline::AfterMs(send_ms), context.stop_fd);
+      !io.ok()) {
+    VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", context.name, peer.pid,
                      IoStatusName(io.status));
   }
 }
@@ -81,11 +117,12 @@ RefuseReason CheckGrants(std::vector<ChunkGrant>* chunks, std::string* why) {
   return RefuseReason::kNone;
 }
 
-void SendGrants(const Exchange& x, const std::vector<ChunkGrant>& chunks) {
+void SendGrants(const PendingRequest& p, const ServeContext& context,
+                const std::vector<ChunkGrant>& chunks) {
   const uint32_t total = static_cast<uint32_t>(chunks.size());
   const uint32_t batches = wire::BatchCount(total);
   // A fresh deadline: the handler's time (exporting chunks) is not the peer's fault.
-  const Deadline deadline = Deadline::AfterMs(x.context.timeout_ms);
+  const Deadline deadline = Deadline::AfterMs(context.timeout_ms);
   std::vector<wire::ReplyEntry> entries;
   std::vector<int> fds;
   for (uint32_t batch = 0; batch < batches; ++batch) {
@@ -102,133 +139,203 @@ void SendGrants(const Exchange& x, const std::vector<ChunkGrant>& chunks) {
     header.total_chunks = total;
     header.batch_index = batch;
     header.batch_count = batches;
-    const std::vector<uint8_t> bytes = wire::EncodeReply(x.nonce, x.context.key, header, entries);
-    if (IoResult io = SendMessage(x.fd, bytes, fds, deadline, x.context.stop_fd); !io.ok()) {
+    const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, context.key, header, entries);
+    if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer pid {} failed: {} ({})",
-                      x.context.name, batch, batches, x.peer.pid, IoStatusName(io.status),
+                      context.name, batch, batches, p.peer.pid, IoStatusName(io.status),
                       io.error != 0 ? ErrnoText(io.error) : "no errno");
       return;
     }
   }
-  if (x.context.events.granted != nullptr) x.context.events.granted(total);
+  if (context.events.granted != nullptr) context.events.granted(total);
   VMMIPC_LOG_DEBUG("listener {}: granted {} chunks in {} batches to peer pid {} for address {:#x}",
-                   x.context.name, total, batches, x.peer.pid, x.address);
+                   context.name, total, batches, p.peer.pid, p.request.address);
 }
 
-void Serve(ScopedFd connection, const ServeContext& context) {
-  Exchange x{context, connection.get(), {}};
-  if (IoResult io = GetPeerCredentials(x.fd, &x.peer); !io.ok()) {
-    VMMIPC_LOG_WARN("listener {}: dropped a connection: SO_PEERCRED failed: {}", context.name,
-                    ErrnoText(io.error));
-    if (context.events.dropped != nullptr) context.events.dropped();
-    return;
-  }
-
+ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out) {
   std::vector<uint8_t> buffer(kRequestBufferSize);
-  ReceivedMessage message;
-  const bool same_user = x.peer.uid == context.uid;
-  const int wait_ms =
-      same_user ? context.timeout_ms : std::min(context.timeout_ms, kOtherUserGraceMs);
-  const Deadline deadline = Deadline::AfterMs(wait_ms);
-  if (IoResult io = ReceiveMessage(x.fd, buffer, &message, deadline, context.stop_fd); !io.ok()) {
-    if (io.status == IoStatus::kStopped) return;
-    VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{}{}{})", context.name,
-                    x.peer.pid, x.peer.uid, IoStatusName(io.status),
-                    io.status == IoStatus::kTimeout ? fmt::format(" after {} ms", wait_ms)
-                                                    : std::string(),
-                    same_user ? "" : ", another user's grace",
-                    io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
-    if (context.events.dropped != nullptr) context.events.dropped();
-    return;
+  PeekedMessage message;
+  const IoResult io = PeekMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(1));
+  if (io.status == IoStatus::kTimeout) return ReadOutcome::kWaiting;
+  const bool same_user = c.peer.uid == context.uid;
+  if (!io.ok()) {
+    if (MayLog(context.name))
+      VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{})", context.name,
+                      c.peer.pid, c.peer.uid, IoStatusName(io.status),
+                      io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
+    Dropped(context);
+    Close(std::move(c.fd), context);
+    return ReadOutcome::kDone;
   }
+  // A message without fds is taken off the queue now, whoever sent it, so
+  // that our close does not reset the connection before the peer has read
+  // our answer (the kernel resets a peer whose message was never read). One
+  // with fds stays queued: taking it would install them (or, without a
+  // control buffer, make this thread do their last close); the reaper closes
+  // the connection, and the peer sees a reset.
+  if (!message.carries_fds) DiscardPeekedMessage(c.fd.get());
   const std::span<const uint8_t> bytes(buffer.data(), message.length);
-
   wire::RequestPreamble preamble;
   if (wire::WireError e = wire::ParseRequestPreamble(bytes, &preamble); e != wire::WireError::kOk) {
     // Without a preamble there is no nonce to MAC a refusal with: just hang up.
-    VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: not a vmmipc request ({})",
-                    context.name, x.peer.pid, x.peer.uid, wire::WireErrorName(e));
-    if (context.events.dropped != nullptr) context.events.dropped();
-    return;
+    if (MayLog(context.name))
+      VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: not a vmmipc request ({}{})",
+                      context.name, c.peer.pid, c.peer.uid, wire::WireErrorName(e),
+                      message.carries_fds ? ", with fds attached" : "");
+    Dropped(context);
+    Close(std::move(c.fd), context);
+    return ReadOutcome::kDone;
   }
-  x.nonce = preamble.nonce;
-  if (message.length >= wire::kRequestSize) {
-    // For the log line only; it is not trusted for anything.
-    for (int i = 7; i >= 0; --i) x.address = (x.address << 8) | bytes[32 + i];
-  }
-
+  uint64_t address = 0;  // for log lines only; not trusted for anything
+  if (message.length >= wire::kRequestSize)
+    for (int i = 7; i >= 0; --i) address = (address << 8) | bytes[32 + i];
+  auto refuse = [&](RefuseReason reason, const std::string& why) {
+    SendRefusal(c.fd.get(), context, c.peer, preamble.nonce, address, reason, why,
+                std::min(context.timeout_ms, kRefusalSendMs));
+    Close(std::move(c.fd), context);
+    return ReadOutcome::kDone;
+  };
   // The uid check comes before anything else is looked at: another user gets
-  // nothing but this refusal, whatever it sent.
-  if (x.peer.uid != context.uid) {
-    SendRefusal(x, RefuseReason::kWrongUser,
-                fmt::format("peer uid {} is not this process's uid {}", x.peer.uid, context.uid));
-    return;
-  }
-  if (!message.fds.empty()) {
-    SendRefusal(x, RefuseReason::kBadRequest,
-                fmt::format("the request carried {} fds", message.fds.size()));
-    return;  // the fds close with `message`
-  }
-  if (message.truncated) {
-    SendRefusal(x, RefuseReason::kBadRequest,
-                fmt::format("request longer than {} bytes", kRequestBufferSize));
-    return;
-  }
+  // nothing but this refusal, whatever it sent, and its message (with any fd
+  // it carries) is never taken off the queue.
+  if (!same_user)
+    return refuse(RefuseReason::kWrongUser,
+                  fmt::format("peer uid {} is not this process's uid {}", c.peer.uid, context.uid));
+  if (message.carries_fds) return refuse(RefuseReason::kBadRequest, "the request carried fds");
+  if (message.truncated)
+    return refuse(RefuseReason::kBadRequest,
+                  fmt::format("request longer than {} bytes", kRequestBufferSize));
   wire::Request request;
   const wire::WireError parsed = wire::ParseRequest(bytes, context.key, &request);
-  if (parsed == wire::WireError::kBadMac) {
-    SendRefusal(x, RefuseReason::kBadToken,
-                fmt::format("request MAC does not verify for pid {} (stale handle after pid reuse, "
-                            "or a forged request)",
-                            preamble.exporter_pid));
-    return;
-  }
-  if (parsed != wire::WireError::kOk) {
-    SendRefusal(x, RefuseReason::kBadRequest,
-                fmt::format("request version {}, {} bytes: {}", preamble.version, message.length,
-                            wire::WireErrorName(parsed)));
-    return;
-  }
+  if (parsed == wire::WireError::kBadMac)
+    return refuse(RefuseReason::kBadToken,
+                  fmt::format("request MAC does not verify for pid {} (stale handle after pid "
+                              "reuse, or a forged request)",
+                              preamble.exporter_pid));
+  if (parsed != wire::WireError::kOk)
+    return refuse(RefuseReason::kBadRequest,
+                  fmt::format("request version {}, {} bytes: {}", preamble.version, message.length,
+                              wire::WireErrorName(parsed)));
+  out->fd = std::move(c.fd);
+  out->peer = c.peer;
+  out->nonce = preamble.nonce;
+  out->request.peer_pid = c.peer.pid;
+  out->request.peer_uid = c.peer.uid;
+  out->request.address = request.address;
+  out->request.chunk_base = request.chunk_base;
+  out->request.generation = request.generation;
+  return ReadOutcome::kReady;
+}
 
-  ServeRequest serve_request;
-  serve_request.peer_pid = x.peer.pid;
-  serve_request.peer_uid = x.peer.uid;
-  serve_request.address = request.address;
-  serve_request.chunk_base = request.chunk_base;
-  serve_request.generation = request.generation;
+void Answer(PendingRequest& p, const ServeContext& context) {
+  auto refuse = [&](RefuseReason reason, const std::string& why) {
+    SendRefusal(p.fd.get(), context, p.peer, p.nonce, p.request.address, reason, why,
+                context.timeout_ms);
+  };
   ServeReply reply;
   try {
-    reply = (*context.handler)(serve_request);
+    reply = (*context.handler)(p.request);
   } catch (const std::exception& e) {
-    SendRefusal(x, RefuseReason::kInternal, fmt::format("the handler threw: {}", e.what()));
+    refuse(RefuseReason::kInternal, fmt::format("the handler threw: {}", e.what()));
     return;
   } catch (...) {
-    SendRefusal(x, RefuseReason::kInternal, "the handler threw a non-standard exception");
+    refuse(RefuseReason::kInternal, "the handler threw a non-standard exception");
     return;
   }
   // From here every fd of the reply is owned by `reply` and closes with it,
   // whether it was sent or not.
   if (reply.refuse != RefuseReason::kNone) {
-    SendRefusal(x, reply.refuse, reply.detail.empty() ? "the handler refused" : reply.detail);
+    refuse(reply.refuse, reply.detail.empty() ? "the handler refused" : reply.detail);
     return;
   }
   std::string why;
   if (RefuseReason bad = CheckGrants(&reply.chunks, &why); bad != RefuseReason::kNone) {
-    SendRefusal(x, bad, why);
+    refuse(bad, why);
     return;
   }
-  SendGrants(x, reply.chunks);
+  SendGrants(p, context, reply.chunks);
 }
 
 }  // namespace
 
-void ServeConnection(ScopedFd connection, const ServeContext& context) noexcept {
+bool StartConnection(ScopedFd fd, const ServeContext& context, Connection* out) noexcept {
+  PeerCredentials peer;
+  if (IoResult io = GetPeerCredentials(fd.get(), &peer); !io.ok()) {
+    if (MayLog(context.name))
+      VMMIPC_LOG_WARN("listener {}: dropped a connection: SO_PEERCRED failed: {}", context.name,
+                      ErrnoText(io.error));
+    Dropped(context);
+    Close(std::move(fd), context);
+    return false;
+  }
+  out->fd = std::move(fd);
+  out->peer = peer;
+  out->deadline =
+      Deadline::AfterMs(peer.uid == context.uid ? std::max(context.timeout_ms, 1)
+                                                : std::min(context.timeout_ms, kOtherUserGraceMs));
+  return true;
+}
+
+ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
+                        PendingRequest* out) noexcept {
   try {
-    Serve(std::move(connection), context);
+    return Read(connection, context, out);
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
   } catch (...) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
+  }
+  Close(std::move(connection.fd), context);
+  return ReadOutcome::kDone;
+}
+
+void DropSilent(Connection connection, const ServeContext& context) noexcept {
+  const bool same_user = connection.peer.uid == context.uid;
+  if (MayLog(context.name))
+    VMMIPC_LOG_WARN(
+        "listener {}: dropped peer pid {} uid {}: no request (timed out after {} "
+        "ms{})",
+        context.name, connection.peer.pid, connection.peer.uid,
+        same_user ? context.timeout_ms : std::min(context.timeout_ms, kOtherUserGraceMs),
+        same_user ? "" : ", another user's grace");
+  Dropped(context);
+  Close(std::move(connection.fd), context);
+}
+
+void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept {
+  try {
+    Answer(request, context);
+  } catch (const std::exception& e) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
+  } catch (...) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
+  }
+  Close(std::move(request.fd), context);
+}
+
+void ServeConnection(ScopedFd fd, const ServeContext& context) noexcept {
+  Connection connection;
+  if (!StartConnection(std::move(fd), context, &connection)) return;
+  while (true) {
+    const IoResult io = WaitFor(connection.fd.get(), POLLIN, connection.deadline, context.stop_fd);
+    if (io.status == IoStatus::kStopped) {
+      Close(std::move(connection.fd), context);
+      return;
+    }
+    if (io.status == IoStatus::kTimeout) {
+      DropSilent(std::move(connection), context);
+      return;
+    }
+    PendingRequest request;
+    switch (ReadRequest(connection, context, &request)) {
+      case ReadOutcome::kWaiting:
+        continue;
+      case ReadOutcome::kDone:
+        return;
+      case ReadOutcome::kReady:
+        AnswerRequest(std::move(request), context);
+        return;
+    }
   }
 }
 

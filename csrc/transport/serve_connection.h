@@ -1,15 +1,24 @@
-// The exporter's side of one exchange, on one accepted connection: read the
-// request, check the peer's uid and the request's MAC, ask the handler, send
-// the MAC'd reply batches with their fds. The listener owns sockets and the
-// thread; this owns what happens between accept() and close().
+// The exporter's side of one exchange, in two phases so that one thread can
+// watch many connections at once:
+//  - reading (ReadRequest, on the listener's poll thread, never blocking):
+//    peer credentials, then the request, looked at without taking any fd it
+//    carries, checked (uid first, then fds, size and MAC) and only then
+//    consumed; refusals are answered here;
+//  - answering (AnswerRequest, on a worker): the handler, then the MAC'd
+//    reply batches with their fds.
+// Connections that may still hold a peer's fds are closed through
+// CloseConnection (fd_channel.h), never by a plain close() here.
+// ServeConnection runs both phases on the calling thread (tests, fuzzing).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "common/scoped_fd.h"
+#include "transport/fd_channel.h"
 #include "transport/listener.h"
 #include "transport/siphash.h"
+#include "transport/wire.h"
 
 namespace vmmipc::transport {
 
@@ -23,8 +32,45 @@ struct ServeContext {
   ListenerEvents events;
 };
 
-// Serves `connection` to the end and closes it. Never throws; every refusal
-// is logged on one line with the peer, the address and the reason.
+// How long a peer of another uid may take to show its request. Such a peer is
+// never one of our importers (socket names carry the uid), so it gets a short
+// grace, only enough for its kWrongUser answer, rather than the full timeout.
+inline constexpr int kOtherUserGraceMs = 50;
+
+// An accepted connection waiting for its request.
+struct Connection {
+  ScopedFd fd;
+  PeerCredentials peer;
+  Deadline deadline = Deadline::AfterMs(0);  // when a silent peer is dropped
+};
+
+// An authenticated request, consumed from its connection, for the handler.
+struct PendingRequest {
+  ScopedFd fd;
+  PeerCredentials peer;
+  wire::Nonce nonce{};
+  ServeRequest request;
+};
+
+// Reads the peer's credentials and sets the request deadline. False (the
+// connection is dropped, logged and counted) when the kernel cannot tell.
+bool StartConnection(ScopedFd fd, const ServeContext& context, Connection* out) noexcept;
+
+enum class ReadOutcome {
+  kWaiting,  // no request queued yet: poll again
+  kReady,    // *out holds an authenticated request; the connection moved into it
+  kDone,     // refused or dropped, with one log line; the connection is closed
+};
+// Looks at the queued request of `connection` without waiting.
+ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
+                        PendingRequest* out) noexcept;
+// The deadline of `connection` passed without a request: drop it (logged, counted).
+void DropSilent(Connection connection, const ServeContext& context) noexcept;
+// Runs the handler and sends the reply (or its refusal), then closes.
+void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept;
+
+// Serves `connection` to the end on this thread and closes it. Never throws;
+// every refusal is logged with the peer, the address and the reason.
 void ServeConnection(ScopedFd connection, const ServeContext& context) noexcept;
 
 }  // namespace vmmipc::transport

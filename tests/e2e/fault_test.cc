@@ -320,7 +320,17 @@ class Fault : public ::testing::Test {
     std::stringstream text;
     text << in.rdbuf();
     return text.str();
+  }  // Whether `text` shows up in the peer's log within `ms` (the listener logs
+  // drops when their deadline passes, after the test has moved on).
+  bool LogShows(const PeerProcess& peer, const std::string& text, int ms = 3000) {
+    const auto start = Clock::now();
+    while (Log(peer).find(text) == std::string::npos) {
+      if (MsSince(start) > ms) return false;
+      usleep(10000);
+    }
+    return true;
   }
+
 
   // `chunks` 2 MiB chunks in `p`, filled with `seed`; returns the base.
   uint64_t VmmBuffer(PeerProcess& p, const std::string& name, int chunks, int seed) {
@@ -692,15 +702,15 @@ TEST_F(Fault, SilentPeersOfAnotherUidCannotStallTheExporter) {
   const auto start = Clock::now();
   const std::string ptr = Value(importer->Call("open " + handle));
   const long elapsed = MsSince(start);
+  // The silent peers are dropped after their short grace, while they stay.
+  EXPECT_TRUE(LogShows(*exporter,
+                       "uid 65534: no request (timed out after 50 ms, another user's grace)"));
   close(release[1]);
   EXPECT_EQ(ExitCode(child), 0);
   ASSERT_FALSE(ptr.empty());
   EXPECT_LT(elapsed, 2000);
   EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 21"), "ok");
   EXPECT_EQ(importer->Call("close " + ptr), "ok");
-  EXPECT_NE(Log(*exporter).find("uid 65534: no request (timed out after 50 ms, another user's "
-                                "grace)"),
-            std::string::npos);
 }
 
 TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
@@ -799,7 +809,7 @@ TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
   OpenCheckClose(*importer, handle, kChunk, 10);
 }
 
-TEST_F(Fault, SilentPeerDelaysOthersByAtMostTheExportersTimeout) {
+TEST_F(Fault, SilentPeerDelaysNobodyAndIsDroppedAtTheExportersTimeout) {
   auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "5000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 12));
@@ -810,10 +820,12 @@ TEST_F(Fault, SilentPeerDelaysOthersByAtMostTheExportersTimeout) {
   const std::string ptr = Value(importer->Call("open " + handle));
   const long elapsed = MsSince(start);
   EXPECT_FALSE(ptr.empty());
-  EXPECT_LT(elapsed, 2500) << "served once the silent peer timed out";
-  EXPECT_EQ(ReplyStatus(silent, 100), -1) << "the silent peer was dropped without an answer";
+  // The listener reads requests of many connections at once: the open does
+  // not wait for the silent peer's timeout (1 s) at all.
+  EXPECT_LT(elapsed, 900) << "the open waited behind the silent peer";
+  EXPECT_EQ(ReplyStatus(silent, 3000), -1) << "the silent peer was dropped without an answer";
   close(silent);
-  EXPECT_NE(Log(*exporter).find("no request (timed out after 1000 ms)"), std::string::npos);
+  EXPECT_TRUE(LogShows(*exporter, "no request (timed out after 1000 ms)"));
   EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 12"), "ok");
   EXPECT_EQ(importer->Call("close " + ptr), "ok");
 }
@@ -824,6 +836,9 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 13));
   const state::Vmm2Handle h = Decode(handle);
   const uint32_t pid = h.pid;
+  // Served once first, so that the chunk's exported fd is in the exporter's
+  // cache (kept until the chunk is unmapped) before its fds are counted.
+  OpenCheckClose(*importer, handle, kChunk, 13);
   const int exporter_fds = FdsOf(exporter->pid());
   const std::vector<uint8_t> request = RawRequest(h);
 
@@ -838,14 +853,25 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   ASSERT_EQ(send(fd, request.data(), 40, MSG_NOSIGNAL), 40);
   EXPECT_EQ(ReplyStatus(fd, 2000), 8);  // kBadRequest
   close(fd);
-  // A whole request carrying an fd: refused, and the fd is not kept.
+  bool fd_request_sent = false;
+  // A whole request carrying an fd: never taken. With SO_PASSRIGHTS (Linux
+  // 6.16+) the kernel refuses the send; elsewhere the exporter leaves the
+  // message queued and its reaper closes the connection (the peer sees a
+  // reset, no answer). Either way the fd is not kept.
   fd = ConnectTo(pid);
   {
     const int memfd = memfd_create("unwanted", MFD_CLOEXEC);
-    ASSERT_EQ(SendWithFd(fd, request.data(), request.size(), memfd), 64);
+    const ssize_t sent = SendWithFd(fd, request.data(), request.size(), memfd);
+    const int send_error = errno;
     close(memfd);
+    fd_request_sent = sent >= 0;
+    if (sent < 0) {
+      EXPECT_EQ(send_error, EPERM);
+    } else {
+      EXPECT_EQ(sent, 64);
+      EXPECT_EQ(ReplyStatus(fd, 2000), -1);
+    }
   }
-  EXPECT_EQ(ReplyStatus(fd, 2000), 8);
   close(fd);
   // Connect and hang up at once.
   fd = ConnectTo(pid);
@@ -860,7 +886,8 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   const std::string log = Log(*exporter);
   EXPECT_NE(log.find("not a vmmipc request (too short)"), std::string::npos);
   EXPECT_NE(log.find("bad request (request version 1, 40 bytes: bad length)"), std::string::npos);
-  EXPECT_NE(log.find("bad request (the request carried 1 fds)"), std::string::npos);
+  if (fd_request_sent)
+    EXPECT_NE(log.find("bad request (the request carried fds)"), std::string::npos);
   EXPECT_NE(log.find("no request (peer closed the connection)"), std::string::npos);
   usleep(100000);
   EXPECT_EQ(FdsOf(exporter->pid()), exporter_fds) << "the exporter kept a descriptor";
@@ -969,8 +996,9 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   const std::string warm = Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 18));
-  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 19));
   OpenCheckClose(*importer, warm, kChunk, 18);  // the zone exists from here on
+  const int exporter_fds_without_a = Held(*exporter).fds;
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 19));
   const Resources importer_before = Held(*importer);
   const Resources exporter_before = Held(*exporter);
 
@@ -982,10 +1010,19 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   EXPECT_TRUE(StartsWith(result, ErrPrefix(in.expected))) << result;
   EXPECT_NE(Log(side).find(in.log), std::string::npos) << in.log;
   EXPECT_EQ(Held(*importer), importer_before);
-  EXPECT_EQ(Held(*exporter), exporter_before);
+  // The exporter keeps the exported fd of every chunk it served (its cache),
+  // until the chunk is unmapped; nothing else.
+  Resources exporter_now = Held(*exporter);
+  EXPECT_LE(exporter_now.fds, exporter_before.fds + 3);
+  exporter_now.fds = exporter_before.fds;
+  EXPECT_EQ(exporter_now, exporter_before);
   // Nothing half-recorded either: the next open maps all three chunks afresh.
   OpenCheckClose(*importer, handle, 3 * kChunk, 19);
   EXPECT_EQ(Held(*importer), importer_before);
+  // Unmapping the buffer closes its cached fds: the exporter is back to
+  // where it was before the buffer existed.
+  EXPECT_EQ(exporter->Call("free_vmm a"), "ok");
+  EXPECT_EQ(Held(*exporter).fds, exporter_fds_without_a);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1000,9 +1037,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Injection{"exporter", "cuMemExportToShareableHandle", 2,
                                 CUDA_ERROR_MAP_FAILED,
                                 "export failed (cuMemExportToShareableHandle("},
-                      // Any failure to describe the chunk reads as "freed" to the exporter.
+                      // Tracked memory is described from the mapping table; a chunk whose
+                      // allocation cannot be retained cannot be exported.
                       Injection{"exporter", "cuMemRetainAllocationHandle", 1,
-                                CUDA_ERROR_INVALID_HANDLE, "is no longer mapped VMM memory"}),
+                                CUDA_ERROR_MAP_FAILED, "MemRetainAllocationHandle failed"}),
     [](const ::testing::TestParamInfo<Injection>& info) {
       return std::string(info.param.side) + "_" + info.param.function + "_" +
              std::to_string(info.param.nth);

@@ -13,12 +13,14 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <set>
 #include <thread>
 
 #include "fuzz_util.h"
 #include "transport/fd_channel.h"
+#include "transport/fd_reaper.h"
 #include "transport/peer_client.h"
 #include "transport/socket_address.h"
 
@@ -198,6 +200,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    result.detail.c_str());
     CheckResult(result);
   }
+  // Connections that may hold a peer's fds are closed by the reaper thread.
+  for (int i = 0; i < 1000 && vmmipc::transport::ReaperPendingForTesting() > 0; ++i) usleep(1000);
   FUZZ_CHECK(CountFds() == fds_before);
   return 0;
 }

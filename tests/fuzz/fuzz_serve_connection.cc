@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -26,6 +27,7 @@
 
 #include "fuzz_util.h"
 #include "transport/fd_channel.h"
+#include "transport/fd_reaper.h"
 #include "transport/serve_connection.h"
 
 namespace vmmipc::fuzz {
@@ -224,6 +226,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
+  // Connections that may hold a peer's fds are closed by the reaper thread.
+  for (int i = 0; i < 1000 && vmmipc::transport::ReaperPendingForTesting() > 0; ++i) usleep(1000);
   FUZZ_CHECK(CountFds() == fds_before);
   return 0;
 }
