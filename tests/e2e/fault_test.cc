@@ -713,6 +713,36 @@ TEST_F(Fault, SilentPeersOfAnotherUidCannotStallTheExporter) {
   EXPECT_EQ(importer->Call("close " + ptr), "ok");
 }
 
+// Issue 11 / issue 12 item 3: an open waiting on a stopped exporter holds no
+// process-wide lock: an open of another exporter's handle and a pointer
+// query in the same importer go through at once, and the stuck open itself
+// ends within its timeout.
+TEST_F(Fault, StoppedExporterDelaysNeitherOtherOpensNorPointerQueries) {
+  auto stuck = Peer("exporter", "0");
+  auto other = Peer("exporter", "2");
+  auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "2000"}});
+  const std::string stuck_handle = Handle(*stuck, VmmBuffer(*stuck, "a", 1, 31));
+  const std::string other_handle = Handle(*other, VmmBuffer(*other, "b", 2, 32));
+  const std::string earlier = Value(importer->Call("open " + other_handle));
+  ASSERT_FALSE(earlier.empty());
+  ASSERT_TRUE(StopAndWait(stuck->pid()));
+  const auto stuck_start = Clock::now();
+  ASSERT_EQ(importer->Call("open_bg " + stuck_handle), "ok");
+  usleep(100000);  // the background open is now waiting on the stopped exporter
+  const auto start = Clock::now();
+  EXPECT_TRUE(StartsWith(importer->Call("range " + earlier), "ok "));
+  EXPECT_EQ(importer->Call("close " + earlier), "ok");
+  const std::string again = Value(importer->Call("open " + other_handle));
+  EXPECT_FALSE(again.empty());
+  EXPECT_LT(MsSince(start), 1000) << "waited behind the open of the stopped exporter";
+  EXPECT_EQ(importer->Call("check " + again + " " + Hex(2 * kChunk) + " 32"), "ok");
+  EXPECT_EQ(importer->Call("close " + again), "ok");
+  const std::string result = importer->Call("open_bg_result");
+  EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+  EXPECT_LT(MsSince(stuck_start), 2000 + 1000) << "the stuck open outlived its timeout";
+  kill(stuck->pid(), SIGCONT);
+}
+
 TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
   if (geteuid() != 0) {
     GTEST_SKIP() << "needs root to become another user";

@@ -61,6 +61,10 @@ struct VmmBuffer {
 
 std::map<std::string, VmmBuffer> g_vmm;
 CUcontext g_context = nullptr;
+// open_bg: one open on a thread of its own, so that the test can do other
+// calls in this process while it waits on its exporter.
+std::thread g_background_open;
+std::string g_background_result;
 CUdevice g_device = 0;
 
 std::string Err(CUresult r) {
@@ -804,6 +808,23 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
                                   : static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     CUresult r = fns->open(&p, h, flags);
     return r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
+  }
+  if (cmd == "open_bg") {  // hex: starts an open on another thread; open_bg_result joins it
+    CUipcMemHandle h = {};
+    if (!HexToHandle(a.at(1), &h)) return "err bad hex";
+    if (g_background_open.joinable()) return "err an open_bg is running";
+    g_background_open = std::thread([h, fns] {
+      cuCtxSetCurrent(g_context);  // a context is per thread
+      CUdeviceptr p = 0;
+      const CUresult r = fns->open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      g_background_result = r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
+    });
+    return "ok";
+  }
+  if (cmd == "open_bg_result") {
+    if (!g_background_open.joinable()) return "err no open_bg";
+    g_background_open.join();
+    return g_background_result;
   }
   if (cmd == "close") {
     CUresult r = fns->close(Num(a.at(1)));

@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "test_process.h"
 #include "common/log.h"
+#include "test_process.h"
 #include "transport/fd_channel.h"
 #include "transport/listener.h"
 #include "transport/peer_client.h"
@@ -832,7 +832,6 @@ TEST_F(TransportListener, AbandonAfterForkThenNewListenerInChild) {
   ExpectNoFdLeak();
 }
 
-
 // The observers see what the transport did itself, refusals that never reach
 // the handler included (they feed VMMIPC_STATS).
 std::atomic<int> g_refused_bad_token{0};
@@ -864,6 +863,75 @@ TEST_F(TransportListener, EventsReportRefusalsGrantsAndDrops) {
   EXPECT_EQ(g_refused_bad_token.load(), 1);
   EXPECT_EQ(g_granted_chunks.load(), 3);
   EXPECT_EQ(g_dropped.load(), 1);
+  ExpectNoFdLeak();
+}
+
+}  // namespace
+}  // namespace vmmipc::transport
+
+namespace vmmipc::transport {
+namespace {
+
+// Issue 11: one slow answer (a handler stuck in the driver, say) must not
+// queue the others: requests are read on the poll thread and answered by a
+// pool of workers.
+TEST_F(TransportListener, ASlowAnswerDoesNotDelayOtherPeers) {
+  const uint32_t pid = FakePid();
+  std::atomic<bool> release{false};
+  std::atomic<int> slow_started{0};
+  {
+    ListenerOptions options = Options(pid, 5000);
+    options.max_workers = 4;
+    auto fast = ChunksHandler(1);
+    auto listener = MustStart(options, [&](const ServeRequest& r) {
+      if (r.address == kBase + 32) {
+        ++slow_started;
+        for (int i = 0; i < 3000 && !release; ++i) usleep(1000);
+      }
+      return fast(r);
+    });
+    ASSERT_NE(listener, nullptr);
+    FetchRequest slow_request = Request(pid);
+    slow_request.address = kBase + 32;
+    std::thread slow(
+        [&] { EXPECT_EQ(FetchChunks(slow_request, Client(5000)).status, FetchStatus::kOk); });
+    while (slow_started == 0) usleep(1000);
+    const auto start = Clock::now();
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(FetchChunks(Request(pid), Client(5000)).status, FetchStatus::kOk);
+    EXPECT_LT(ElapsedMs(start), 1000) << "the other peers waited for the slow answer";
+    release = true;
+    slow.join();
+  }
+  ExpectNoFdLeak();
+}
+
+// Issue 11: many importers connecting at once are all served, none refused
+// or dropped, and a silent connection among them delays nobody.
+TEST_F(TransportListener, ManyPeersAtOnceWithASilentOneAmongThem) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(Options(pid, 3000), ChunksHandler(2, &calls));
+    ASSERT_NE(listener, nullptr);
+    SocketAddress address;
+    std::string error;
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    ScopedFd silent;
+    ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
+    const auto start = Clock::now();
+    std::vector<std::thread> peers;
+    std::atomic<int> ok{0};
+    for (int t = 0; t < 16; ++t)
+      peers.emplace_back([&] {
+        for (int i = 0; i < 10; ++i)
+          if (FetchChunks(Request(pid), Client(3000)).status == FetchStatus::kOk) ++ok;
+      });
+    for (auto& p : peers) p.join();
+    EXPECT_EQ(ok, 160);
+    EXPECT_EQ(calls, 160);
+    EXPECT_LT(ElapsedMs(start), 2500) << "served only after the silent peer timed out";
+  }
   ExpectNoFdLeak();
 }
 

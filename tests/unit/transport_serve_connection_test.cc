@@ -2,14 +2,19 @@
 // hold the exporter's one serving thread. A peer of another uid gets a short
 // grace, not the full timeout (regression test: any local user could stall
 // every export by connecting and staying silent, timeout_ms per connection).
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 
 #include "common/log.h"
 #include "transport/fd_channel.h"
+#include "transport/fd_reaper.h"
 #include "transport/serve_connection.h"
 #include "transport/wire.h"
 
@@ -89,6 +94,114 @@ TEST_F(TransportServeConnection, QueuedRequestOfAnotherUidStillGetsTheWrongUserR
   ServeMs(std::move(p.server), geteuid() + 1, 5000, &calls);
   EXPECT_EQ(ReplyStatus(p.client.get()), static_cast<int>(RefuseReason::kWrongUser));
   EXPECT_EQ(calls, 0);  // even with a valid MAC
+}
+
+// A TCP socket on loopback whose last close() blocks for `linger_s` seconds:
+// SO_LINGER on, and unsent data that the other end never reads.
+ScopedFd LingeringSocket(int linger_s, ScopedFd* keep_listener, ScopedFd* keep_server) {
+  ScopedFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
+  EXPECT_EQ(listen(listener.get(), 1), 0);
+  EXPECT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ScopedFd client(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  int small = 4096;
+  setsockopt(client.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  EXPECT_EQ(connect(client.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
+  ScopedFd server(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  setsockopt(server.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  const linger lingering{1, linger_s};
+  EXPECT_EQ(setsockopt(client.get(), SOL_SOCKET, SO_LINGER, &lingering, sizeof(lingering)), 0);
+  std::vector<char> junk(1 << 16, 'x');
+  while (send(client.get(), junk.data(), junk.size(), MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
+  }
+  *keep_listener = std::move(listener);
+  *keep_server = std::move(server);  // never reads: the client's data stays unsent
+  return client;
+}
+
+// A request of pid kPid, with a valid MAC, carrying `fd`.
+void SendRequestWithFd(int sock, int fd) {
+  wire::Request request;
+  request.exporter_pid = kPid;
+  const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, kPid));
+  const int fds[] = {fd};
+  ASSERT_TRUE(SendMessage(sock, bytes, fds, Deadline::AfterMs(1000)).ok());
+}
+
+// Regression (issue 12, item 1): the listener received a peer's fds before
+// the uid check and closed them itself at the end: a lingering socket froze
+// it for the linger time. Now no fd of the request is ever taken.
+TEST_F(TransportServeConnection, AnotherUidsLingeringFdNeverBlocksTheServingThread) {
+  Pair p;
+  ScopedFd keep_listener, keep_server;
+  {
+    ScopedFd lingering = LingeringSocket(5, &keep_listener, &keep_server);
+    SendRequestWithFd(p.client.get(), lingering.get());
+  }  // our copy closes at once: the one in flight still holds the socket
+  int calls = 0;
+  EXPECT_LT(ServeMs(std::move(p.server), geteuid() + 1, 5000, &calls), 1000);
+  EXPECT_EQ(calls, 0);
+}
+
+TEST_F(TransportServeConnection, OurUidsRequestCarryingALingeringFdIsRefusedWithoutBlocking) {
+  Pair p;
+  ScopedFd keep_listener, keep_server;
+  {
+    ScopedFd lingering = LingeringSocket(5, &keep_listener, &keep_server);
+    SendRequestWithFd(p.client.get(), lingering.get());
+  }
+  int calls = 0;
+  EXPECT_LT(ServeMs(std::move(p.server), geteuid(), 5000, &calls), 1000);
+  EXPECT_EQ(calls, 0);
+}
+
+// Regression (issue 12, item 2): closing any fd of a file drops the
+// process's POSIX locks on it, so an exporter that installed and closed a
+// peer's fd of the host's lock file silently unlocked it.
+TEST_F(TransportServeConnection, APeersFdOfTheHostsLockFileLeavesTheHostsLockInPlace) {
+  char path[] = "/tmp/vmmipc-lock-XXXXXX";
+  ScopedFd host(mkstemp(path));
+  ASSERT_TRUE(host.valid());
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  ASSERT_EQ(fcntl(host.get(), F_SETLK, &lock), 0);
+  Pair p;
+  // The peer is another process (a close of its own fd in this process
+  // would drop the lock by itself).
+  const pid_t peer = fork();
+  if (peer == 0) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    wire::Request request;
+    request.exporter_pid = kPid;
+    const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, kPid));
+    const int fds[] = {fd};
+    _exit(fd >= 0 && SendMessage(p.client.get(), bytes, fds, Deadline::AfterMs(1000)).ok() ? 0 : 1);
+  }
+  int peer_status = 0;
+  ASSERT_EQ(waitpid(peer, &peer_status, 0), peer);
+  ASSERT_TRUE(WIFEXITED(peer_status) && WEXITSTATUS(peer_status) == 0);
+  int calls = 0;
+  ServeMs(std::move(p.server), geteuid() + 1, 5000, &calls);
+  p.client.Reset();
+  for (int i = 0; i < 1000 && ReaperPendingForTesting() > 0; ++i) usleep(1000);
+  // Another process sees whether the lock is still held.
+  const pid_t child = fork();
+  if (child == 0) {
+    const int fd = open(path, O_RDWR);
+    struct flock probe {};
+    probe.l_type = F_WRLCK;
+    probe.l_whence = SEEK_SET;
+    _exit(fd >= 0 && fcntl(fd, F_GETLK, &probe) == 0 && probe.l_type == F_WRLCK ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the host's lock was dropped";
+  unlink(path);
 }
 
 }  // namespace
