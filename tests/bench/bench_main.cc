@@ -43,7 +43,10 @@ void OnSignal(int sig) {
   raise(sig);
 }
 
-void StopAtExit() { ExporterClient::Instance().Stop(); }
+void StopAtExit() {
+  ExporterClient::Instance().Stop();
+  ExporterClient::Floor().Stop();
+}
 
 bool TakeFlag(const std::string& arg, const char* name, std::string* value) {
   const std::string prefix = std::string(name) + "=";
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
   cuDriverGetVersion(&driver_version);
 
   ExporterClient::Instance().Configure(opt.self_exe, opt.device, opt.exporter_env, opt.timeout_s);
+  ExporterClient::Floor().Configure(opt.self_exe, opt.device, opt.exporter_env, opt.timeout_s);
   std::atexit(StopAtExit);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, OnSignal);
 

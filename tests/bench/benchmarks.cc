@@ -262,6 +262,70 @@ void BmOpen(benchmark::State& state, const std::string& name, int layout, bool v
   if (!get.empty()) state.counters["remote_get_p50_us"] = get.MedianUs();
 }
 
+// A first open of a chunk never exported before (issue 11's "first open of a chunk"): each
+// iteration the exporter allocates a fresh buffer and gets its handle, the importer opens it
+// (timed), checks its tag (a fresh buffer may sit at the address of the last one: a stale
+// mapping would show the old tag) and closes it, and the exporter frees the buffer; all but
+// the open untimed. Before the loop the exporter's persistent buffer of this layout is opened
+// once: a vmmipc that keeps exported fds keeps that one alive, the anchor of floor_fresh.
+void BmOpenFresh(benchmark::State& state, const std::string& name, int layout) {
+  Marker(name);
+  std::string error;
+  ExporterClient& ex = ExporterClient::Instance();
+  RemoteBuffer anchor;
+  if (!ex.Buffer(layout, true, &anchor, &error)) return Fail(state, name, error);
+  CUipcMemHandle handle;
+  CUdeviceptr p = 0;
+  if (!OpenChecked(anchor, &handle, &p, &error)) return Fail(state, name, "anchor: " + error);
+  CUresult r = cuIpcCloseMemHandle(p);
+  if (r != CUDA_SUCCESS) return Fail(state, name, CuFailure(r, "cuIpcCloseMemHandle (anchor)"));
+  Samples open, close, get;
+  // One cycle: fresh buffer, get, open (timed), tag check, close, free. False: failed.
+  auto cycle = [&](bool timed) -> bool {
+    RemoteBuffer b;
+    if (!ex.NewBuffer(layout, true, &b, &error)) return false;
+    const int64_t g0 = NowNs();
+    const bool got = ex.GetHandle(b, &handle, &error);
+    const int64_t t0 = NowNs();
+    r = got ? cuIpcOpenMemHandle(&p, handle, kOpenFlags) : CUDA_SUCCESS;
+    const int64_t t1 = NowNs();
+    bool ok = got && r == CUDA_SUCCESS;
+    if (got && r != CUDA_SUCCESS) error = CuFailure(r, "cuIpcOpenMemHandle (fresh chunk)");
+    if (ok) {
+      ok = VerifyTag(p, b, &error);
+      const int64_t c0 = NowNs();
+      r = cuIpcCloseMemHandle(p);
+      const int64_t c1 = NowNs();
+      if (ok && r != CUDA_SUCCESS) {
+        ok = false;
+        error = CuFailure(r, "cuIpcCloseMemHandle");
+      }
+      if (ok && timed) {
+        state.SetIterationTime(static_cast<double>(t1 - t0) * 1e-9);
+        open.AddNs(t1 - t0);
+        close.AddNs(c1 - c0);
+        get.AddNs(t0 - g0);
+      }
+    }
+    std::string free_error;
+    if (!ex.Free(b, &free_error) && ok) {
+      ok = false;
+      error = "free in the exporter: " + free_error;
+    }
+    return ok;
+  };
+  if (!cycle(false)) return Fail(state, name, "warm-up: " + error);
+  for (auto _ : state) {
+    if (!cycle(true)) {
+      Fail(state, name, error);
+      break;
+    }
+  }
+  TimeCounters(state, open, "");
+  TimeCounters(state, close, "close_");
+  if (!get.empty()) state.counters["remote_get_p50_us"] = get.MedianUs();
+}
+
 // The same handle while it is open: reference counting only (timed), then the
 // matching close of that extra reference (close_p50_us).
 void BmReopen(benchmark::State& state, const std::string& name, int layout, bool vmm) {
@@ -300,56 +364,84 @@ void BmReopen(benchmark::State& state, const std::string& name, int layout, bool
   TimeCounters(state, close, "close_");
 }
 
-// ---- the raw-driver floor ------------------------------------------------------------------
+// ---- the raw-driver floor -----------------------------------------------------------------
 
+// The floor is the best sequence the driver allows for one open, by hand with the real
+// driver's entry points, against the floor exporter (a process that never exports through
+// vmmipc): connect to its abstract socket (as vmmipc's importer connects per fetch), one
+// request, one reply with one POSIX fd per chunk; import each, close each received fd, map
+// each chunk into a range reserved once per benchmark (as vmmipc reserves its import zone
+// once), set access once over the range. Unmap and release afterwards, untimed.
+//
+// What the exporter does per request is the variable (exporter.h): the driver makes an
+// exported fd cost ~600 us when no other exported fd of the process is alive (it sets up its
+// export state) and ~550 us more when the last one is closed (it tears it down), but ~35 us
+// while one is alive, and dup() of an exported fd costs ~1 us (H200, driver 580):
+//   floor/<size>        kFloorDup: the chunk is already exported and its fd kept; each
+//                       request dup()s it. A first open of an already exported chunk.
+//   floor_fresh/<size>  kFloorFresh: a fresh export while another exported fd (an anchor)
+//                       is alive. A first open of a chunk never exported before.
+//   cliff/<size>        kFloorCliff: export and close per request with nothing else alive,
+//                       what an exporter without kept fds pays (the old floor).
 struct FloorTimes {
-  int64_t total = 0, round_trip = 0, import = 0, reserve = 0, map = 0, access = 0;
-  double export_us = 0;
+  int64_t total = 0, connect = 0, round_trip = 0, import = 0, fd_close = 0, map = 0, access = 0;
+  double export_us = 0, exporter_close_us = 0;
 };
 
-// One open by hand with the real driver's entry points: ask the exporter, which
-// exports one POSIX fd per chunk and sends them all in one SCM_RIGHTS message;
-// import each (and close its fd), reserve, map each, set access once over the
-// whole range. Unmap, release and free afterwards, untimed.
-bool FloorOnce(const RemoteBuffer& b, FloorTimes* t, std::string* error) {
+bool FloorOnce(const RemoteBuffer& b, Op op, const std::string& socket_name, CUdeviceptr va,
+               FloorTimes* t, std::string* error) {
   const RealDriver& d = Real();
   const Layout& layout = Layouts()[b.layout];
   const size_t n = layout.chunks.size();
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, socket_name.data(), socket_name.size());
+  const socklen_t len =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size());
   Request request;
-  request.op = static_cast<uint32_t>(Op::kExport);
+  request.op = static_cast<uint32_t>(op);
   request.id = b.id;
   Reply reply;
   std::vector<int> fds;
+
   const int64_t t0 = NowNs();
-  if (!ExporterClient::Instance().Call(request, &reply, &fds, error)) return false;
+  const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (sock < 0 || connect(sock, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    *error = std::string("connect to the floor socket: ") + std::strerror(errno);
+    if (sock >= 0) close(sock);
+    return false;
+  }
   const int64_t t1 = NowNs();
-  if (reply.status != CUDA_SUCCESS || fds.size() != n) {
+  const bool ok = SendMessage(sock, &request, sizeof(request), nullptr, 0, error) &&
+                  ReceiveMessage(sock, &reply, sizeof(reply), &fds,
+                                 static_cast<int>(g_opt.timeout_s * 1000), error);
+  close(sock);
+  const int64_t t2 = NowNs();
+  if (!ok || reply.status != CUDA_SUCCESS || fds.size() != n) {
     for (int fd : fds) close(fd);
-    *error = reply.status != CUDA_SUCCESS
-                 ? std::string(reply.text)
-                 : "expected " + std::to_string(n) + " fds, got " + std::to_string(fds.size());
+    if (ok) {
+      *error = reply.status != CUDA_SUCCESS
+                   ? std::string(reply.text)
+                   : "expected " + std::to_string(n) + " fds, got " + std::to_string(fds.size());
+    } else if (error->empty()) {
+      *error = "the floor exporter closed the connection";
+    }
     return false;
   }
   std::vector<CUmemGenericAllocationHandle> handles;
   CUresult r = CUDA_SUCCESS;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && r == CUDA_SUCCESS; ++i) {
     CUmemGenericAllocationHandle h = 0;
-    if (r == CUDA_SUCCESS) {
-      r = d.import_shareable(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
-                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-      if (r == CUDA_SUCCESS) handles.push_back(h);
-    }
-    close(fds[i]);  // the import does not take the fd
+    r = d.import_shareable(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i])),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r == CUDA_SUCCESS) handles.push_back(h);
   }
-  const int64_t t2 = NowNs();
-  CUdeviceptr va = 0;
-  if (r == CUDA_SUCCESS) {
-    r = d.address_reserve(&va, b.total, 0, 0, 0);
-    if (r != CUDA_SUCCESS) *error = CuFailure(r, "cuMemAddressReserve");
-  } else {
-    *error = CuFailure(r, "cuMemImportFromShareableHandle");
-  }
+  if (r != CUDA_SUCCESS) *error = CuFailure(r, "cuMemImportFromShareableHandle");
   const int64_t t3 = NowNs();
+  // The import does not take the fd. Timed apart: the last close of an exported fd is where
+  // the driver tears its export state down.
+  for (int fd : fds) close(fd);
+  const int64_t t4 = NowNs();
   size_t mapped = 0;
   uint64_t offset = 0;
   while (r == CUDA_SUCCESS && mapped < n) {
@@ -360,7 +452,7 @@ bool FloorOnce(const RemoteBuffer& b, FloorTimes* t, std::string* error) {
     }
     offset += layout.chunks[mapped++];
   }
-  const int64_t t4 = NowNs();
+  const int64_t t5 = NowNs();
   if (r == CUDA_SUCCESS) {
     CUmemAccessDesc access = {};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -369,7 +461,7 @@ bool FloorOnce(const RemoteBuffer& b, FloorTimes* t, std::string* error) {
     r = d.set_access(va, b.total, &access, 1);
     if (r != CUDA_SUCCESS) *error = CuFailure(r, "cuMemSetAccess");
   }
-  const int64_t t5 = NowNs();
+  const int64_t t6 = NowNs();
   // Untimed clean-up, whatever happened.
   offset = 0;
   for (size_t i = 0; i < mapped; ++i) {
@@ -377,49 +469,65 @@ bool FloorOnce(const RemoteBuffer& b, FloorTimes* t, std::string* error) {
     offset += layout.chunks[i];
   }
   for (CUmemGenericAllocationHandle h : handles) d.release(h);
-  if (va != 0) d.address_free(va, b.total);
   if (r != CUDA_SUCCESS) return false;
-  t->total = t5 - t0;
-  t->round_trip = t1 - t0;
+  t->total = t6 - t0;
+  t->connect = t1 - t0;
+  t->round_trip = t2 - t1;
   t->export_us = reply.us[0];
-  t->import = t2 - t1;
-  t->reserve = t3 - t2;
-  t->map = t4 - t3;
-  t->access = t5 - t4;
+  t->exporter_close_us = reply.us[1];
+  t->import = t3 - t2;
+  t->fd_close = t4 - t3;
+  t->map = t5 - t4;
+  t->access = t6 - t5;
   return true;
 }
 
-void BmFloor(benchmark::State& state, const std::string& name, int layout) {
+void BmFloor(benchmark::State& state, const std::string& name, int layout, Op op) {
   Marker(name);
-  std::string error;
+  std::string error, socket_name;
+  ExporterClient& fx = ExporterClient::Floor();
   RemoteBuffer b;
-  if (!ExporterClient::Instance().Buffer(layout, true, &b, &error)) return Fail(state, name, error);
+  if (!fx.Buffer(layout, true, &b, &error) || !fx.FloorSocket(&socket_name, &error))
+    return Fail(state, name, error);
+  CUdeviceptr va = 0;
+  const CUresult r = Real().address_reserve(&va, b.total, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return Fail(state, name, CuFailure(r, "cuMemAddressReserve"));
   FloorTimes t;
-  if (!FloorOnce(b, &t, &error)) return Fail(state, name, "warm-up: " + error);
-  Samples total, exported, transfer, import, reserve, map, access;
+  // Warm-up, untimed: it also sets the exporter's state up (the kept fd, the anchor, or
+  // nothing alive).
+  if (!FloorOnce(b, op, socket_name, va, &t, &error)) {
+    Real().address_free(va, b.total);
+    return Fail(state, name, "warm-up: " + error);
+  }
+  Samples total, connect_s, exported, transfer, import, fd_close, map, access, exporter_close;
   for (auto _ : state) {
-    if (!FloorOnce(b, &t, &error)) {
+    if (!FloorOnce(b, op, socket_name, va, &t, &error)) {
       Fail(state, name, error);
       break;
     }
     state.SetIterationTime(static_cast<double>(t.total) * 1e-9);
     total.AddNs(t.total);
+    connect_s.AddNs(t.connect);
     exported.Add(t.export_us * 1e-6);
-    // The round trip less the export: request, SCM_RIGHTS transfer, reply.
+    // The round trip less the export: request, wake-up, SCM_RIGHTS transfer, reply.
     transfer.Add(std::max(0.0, static_cast<double>(t.round_trip) * 1e-9 - t.export_us * 1e-6));
     import.AddNs(t.import);
-    reserve.AddNs(t.reserve);
+    fd_close.AddNs(t.fd_close);
     map.AddNs(t.map);
     access.AddNs(t.access);
+    exporter_close.Add(t.exporter_close_us * 1e-6);
   }
+  Real().address_free(va, b.total);
   TimeCounters(state, total, "");
   if (total.empty()) return;
+  state.counters["connect_us"] = connect_s.MedianUs();
   state.counters["export_us"] = exported.MedianUs();
   state.counters["transfer_us"] = transfer.MedianUs();
   state.counters["import_us"] = import.MedianUs();
-  state.counters["reserve_us"] = reserve.MedianUs();
+  state.counters["fd_close_us"] = fd_close.MedianUs();
   state.counters["map_us"] = map.MedianUs();
   state.counters["access_us"] = access.MedianUs();
+  state.counters["exporter_close_us"] = exporter_close.MedianUs();
   state.counters["chunks"] = static_cast<double>(Layouts()[layout].chunks.size());
 }
 
@@ -789,7 +897,13 @@ void RegisterBenchmarks(const Options& options) {
     if (layouts[i].legacy_too)
       Add("open/legacy/" + size, Iters(opens), [i](S& s, N& n) { BmOpen(s, n, i, false); });
     if (hooks) Add("open/vmmipc/" + size, Iters(opens), [i](S& s, N& n) { BmOpen(s, n, i, true); });
-    Add("floor/" + size, Iters(opens), [i](S& s, N& n) { BmFloor(s, n, i); });
+    // A fresh 2 MiB buffer per iteration: the other layouts would allocate 1 GiB each time.
+    if (hooks && i == 0)
+      Add("open_fresh/vmmipc/" + size, Iters(opens), [i](S& s, N& n) { BmOpenFresh(s, n, i); });
+    Add("floor/" + size, Iters(opens), [i](S& s, N& n) { BmFloor(s, n, i, Op::kFloorDup); });
+    Add("floor_fresh/" + size, Iters(opens),
+        [i](S& s, N& n) { BmFloor(s, n, i, Op::kFloorFresh); });
+    Add("cliff/" + size, Iters(opens), [i](S& s, N& n) { BmFloor(s, n, i, Op::kFloorCliff); });
   }
 }
 
@@ -800,6 +914,7 @@ void ReleaseBenchmarkResources() {
   g_scratch = 0;
   g_scratch_size = 0;
   ExporterClient::Instance().Stop();
+  ExporterClient::Floor().Stop();
 }
 
 bool AnyBenchmarkFailed() { return g_failed; }

@@ -1,6 +1,8 @@
 // The exporter process of vmmipc_bench and the importer's client for it.
 // Every wait of the client is bounded; the exporter dies with its parent
 // (PR_SET_PDEATHSIG) and exits on end of stream, so it never outlives a run.
+// The exporter is single-threaded: one poll loop serves the channel and the
+// floor socket, so the floor's export state needs no lock.
 #include "exporter.h"
 
 #include <errno.h>
@@ -30,7 +32,7 @@ namespace {
 
 constexpr int kChannelFd = 3;  // the exporter's end of the socketpair
 
-std::atomic<pid_t> g_exporter_pid{-1};
+std::atomic<pid_t> g_exporter_pids[2] = {-1, -1};  // main exporter, floor exporter
 std::atomic<pid_t> g_transient_pid{-1};
 
 std::string ErrnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
@@ -57,10 +59,15 @@ class Exporter {
         return;
       case Op::kAlloc:
         return Alloc(request, reply);
+      case Op::kFree:
+        return Free(request, reply);
       case Op::kGet:
         return Get(request, reply);
-      case Op::kExport:
-        return Export(request, reply, fds);
+      case Op::kFloorStart:
+        return FloorStart(reply);
+      case Op::kDropExports:
+        reply->value[0] = DropExports();
+        return;
       case Op::kCopy:
         return Copy(request, reply);
       case Op::kProbeStart:
@@ -69,6 +76,28 @@ class Exporter {
         reply->status = kNotCuda;
         SetText(reply, "unknown request " + std::to_string(request.op));
     }
+  }
+
+  int floor_fd() const { return floor_fd_; }
+
+  // One connection, one request, one reply with the fds; then the exporter closes its
+  // copies (timed, reported with the next request) and the connection.
+  void ServeFloor() {
+    const int c = accept4(floor_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    Request request;
+    Reply reply;
+    std::string error;
+    if (ReceiveMessage(c, &request, sizeof(request), nullptr, 5000, &error)) {
+      std::vector<int> fds;
+      reply.op = request.op;
+      FloorExport(request, &reply, &fds);
+      SendMessage(c, &reply, sizeof(reply), fds.data(), static_cast<int>(fds.size()), &error);
+      const int64_t t0 = NowNs();
+      CloseAll(&fds);
+      last_close_us_ = static_cast<double>(NowNs() - t0) / 1e3;
+    }
+    close(c);
   }
 
  private:
@@ -125,7 +154,90 @@ class Exporter {
     std::memcpy(reply->handle, handle.reserved, CU_IPC_HANDLE_SIZE);
   }
 
-  void Export(const Request& request, Reply* reply, std::vector<int>* fds) {
+  void Free(const Request& request, Reply* reply) {
+    OwnedBuffer* b = Find(request.id, reply);
+    if (b == nullptr) return;
+    auto kept = kept_.find(request.id);
+    if (kept != kept_.end()) {
+      CloseAll(&kept->second);
+      kept_.erase(kept);
+    }
+    FreeBuffer(b);
+    buffers_.erase(request.id);
+  }
+
+  // ---- the floor ----
+
+  void FloorStart(Reply* reply) {
+    if (floor_fd_ < 0) {
+      const std::string name =
+          "vmmipc_bench.floor." + std::to_string(getuid()) + "." + std::to_string(getpid());
+      // SOCK_SEQPACKET, as vmmipc's own listener.
+      const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+      sockaddr_un addr = {};
+      addr.sun_family = AF_UNIX;
+      std::memcpy(addr.sun_path + 1, name.data(), name.size());
+      const socklen_t len =
+          static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+      if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 16) != 0) {
+        reply->status = kNotCuda;
+        SetText(reply, ErrnoText("exporter: floor socket"));
+        if (fd >= 0) close(fd);
+        return;
+      }
+      floor_fd_ = fd;
+      floor_name_ = name;
+    }
+    SetText(reply, floor_name_);
+  }
+
+  // Closes every exported fd this exporter keeps: afterwards none of its exports is alive
+  // (fds it sent are closed right after sending). Returns how many it closed.
+  uint64_t DropExports() {
+    uint64_t n = anchor_fd_ >= 0 ? 1 : 0;
+    if (anchor_fd_ >= 0) close(anchor_fd_);
+    anchor_fd_ = -1;
+    for (auto& [id, fds] : kept_) {
+      n += fds.size();
+      CloseAll(&fds);
+    }
+    kept_.clear();
+    return n;
+  }
+
+  // One fd per chunk of `b`, freshly exported.
+  bool ExportAll(const OwnedBuffer& b, std::vector<int>* fds, Reply* reply) {
+    for (CUmemGenericAllocationHandle h : b.handles) {
+      int fd = -1;
+      const CUresult r =
+          Real().export_shareable(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (r != CUDA_SUCCESS) {
+        CloseAll(fds);
+        Fail(reply, r, "cuMemExportToShareableHandle(POSIX fd)");
+        return false;
+      }
+      fds->push_back(fd);
+    }
+    return true;
+  }
+
+  // The anchor of kFloorFresh: one exported fd of a buffer of its own, kept alive.
+  bool EnsureAnchor(Reply* reply) {
+    if (anchor_fd_ >= 0) return true;
+    std::string error;
+    if (anchor_.base == 0 && !AllocBuffer(Layouts()[0], true, device_, &anchor_, &error)) {
+      reply->status = kNotCuda;
+      SetText(reply, "exporter: anchor buffer: " + error);
+      return false;
+    }
+    std::vector<int> fds;
+    if (!ExportAll(anchor_, &fds, reply)) return false;
+    anchor_fd_ = fds[0];
+    return true;
+  }
+
+  void FloorExport(const Request& request, Reply* reply, std::vector<int>* fds) {
+    reply->us[1] = last_close_us_;
     OwnedBuffer* b = Find(request.id, reply);
     if (b == nullptr) return;
     if (!b->vmm || b->handles.size() > static_cast<size_t>(kMaxFds)) {
@@ -133,16 +245,30 @@ class Exporter {
       SetText(reply, "exporter: buffer is not VMM or has too many chunks for one message");
       return;
     }
+    const Op op = static_cast<Op>(request.op);
+    // State first, untimed: what must (not) be alive when the export starts.
+    if (op == Op::kFloorFresh && !EnsureAnchor(reply)) return;
+    if (op == Op::kFloorCliff) DropExports();
     const int64_t t0 = NowNs();
-    for (CUmemGenericAllocationHandle h : b->handles) {
-      int fd = -1;
-      const CUresult r =
-          Real().export_shareable(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      if (r != CUDA_SUCCESS) {
-        CloseAll(fds);
-        return Fail(reply, r, "cuMemExportToShareableHandle(POSIX fd)");
+    if (op == Op::kFloorDup) {
+      std::vector<int>& kept = kept_[request.id];
+      if (kept.empty() && !ExportAll(*b, &kept, reply)) return;
+      for (int fd : kept) {
+        const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (copy < 0) {
+          CloseAll(fds);
+          reply->status = kNotCuda;
+          SetText(reply, ErrnoText("exporter: dup of a kept fd"));
+          return;
+        }
+        fds->push_back(copy);
       }
-      fds->push_back(fd);
+    } else if (op == Op::kFloorFresh || op == Op::kFloorCliff) {
+      if (!ExportAll(*b, fds, reply)) return;
+    } else {
+      reply->status = kNotCuda;
+      SetText(reply, "exporter: not a floor request: " + std::to_string(request.op));
+      return;
     }
     reply->us[0] = static_cast<double>(NowNs() - t0) / 1e3;
   }
@@ -205,6 +331,13 @@ class Exporter {
   CUdevice device_;
   uint32_t next_id_ = 1;
   std::map<uint32_t, OwnedBuffer> buffers_;
+  // The floor's export state: kept fds per buffer id (kFloorDup), the anchor (kFloorFresh).
+  int floor_fd_ = -1;
+  std::string floor_name_;
+  std::map<uint32_t, std::vector<int>> kept_;
+  OwnedBuffer anchor_;
+  int anchor_fd_ = -1;
+  double last_close_us_ = 0;
   CUdeviceptr scratch_ = 0;
   uint64_t scratch_size_ = 0;
   std::string probe_name_;
@@ -363,6 +496,15 @@ int ExporterMain(int argc, char** argv) {
 
   Exporter exporter(device);
   for (;;) {
+    pollfd p[2] = {{kChannelFd, POLLIN, 0}, {exporter.floor_fd(), POLLIN, 0}};
+    const int n = poll(p, exporter.floor_fd() >= 0 ? 2 : 1, -1);
+    if (n < 0 && errno != EINTR) {
+      std::fprintf(stderr, "vmmipc_bench exporter: poll: %s\n", std::strerror(errno));
+      return 1;
+    }
+    if (n <= 0) continue;
+    if (exporter.floor_fd() >= 0 && p[1].revents != 0) exporter.ServeFloor();
+    if (p[0].revents == 0) continue;
     Request request;
     if (!ReceiveMessage(kChannelFd, &request, sizeof(request), nullptr, -1, &error)) {
       if (!error.empty()) std::fprintf(stderr, "vmmipc_bench exporter: %s\n", error.c_str());
@@ -389,7 +531,12 @@ int ExporterMain(int argc, char** argv) {
 // ---- the importer's client -----------------------------------------------------------------
 
 ExporterClient& ExporterClient::Instance() {
-  static ExporterClient* client = new ExporterClient();
+  static ExporterClient* client = new ExporterClient(0);
+  return *client;
+}
+
+ExporterClient& ExporterClient::Floor() {
+  static ExporterClient* client = new ExporterClient(1);
   return *client;
 }
 
@@ -442,7 +589,7 @@ bool ExporterClient::Start(std::string* error) {
     return false;
   }
   pid_ = pid;
-  g_exporter_pid.store(pid);
+  g_exporter_pids[slot_].store(pid);
 
   // The exporter's cuInit may take seconds on a cold GPU.
   Reply ready;
@@ -493,10 +640,16 @@ bool ExporterClient::Call(const Request& request, Reply* reply, std::vector<int>
 bool ExporterClient::Buffer(int layout, bool vmm, RemoteBuffer* out, std::string* error) {
   auto key = std::make_pair(layout, vmm);
   auto it = buffers_.find(key);
-  if (it != buffers_.end()) {
-    *out = it->second;
-    return true;
+  if (it == buffers_.end()) {
+    RemoteBuffer b;
+    if (!NewBuffer(layout, vmm, &b, error)) return false;
+    it = buffers_.emplace(key, b).first;
   }
+  *out = it->second;
+  return true;
+}
+
+bool ExporterClient::NewBuffer(int layout, bool vmm, RemoteBuffer* out, std::string* error) {
   Request request;
   request.op = static_cast<uint32_t>(Op::kAlloc);
   request.arg[0] = static_cast<uint64_t>(layout);
@@ -507,15 +660,46 @@ bool ExporterClient::Buffer(int layout, bool vmm, RemoteBuffer* out, std::string
     *error = reply.text;
     return false;
   }
-  RemoteBuffer b;
-  b.id = static_cast<uint32_t>(reply.value[0]);
-  b.layout = layout;
-  b.vmm = vmm;
-  b.base = reply.value[1];
-  b.total = Layouts()[layout].Total();
-  b.tag = static_cast<unsigned char>(reply.value[2]);
-  buffers_[key] = b;
-  *out = b;
+  out->id = static_cast<uint32_t>(reply.value[0]);
+  out->layout = layout;
+  out->vmm = vmm;
+  out->base = reply.value[1];
+  out->total = Layouts()[layout].Total();
+  out->tag = static_cast<unsigned char>(reply.value[2]);
+  return true;
+}
+
+bool ExporterClient::Free(const RemoteBuffer& buffer, std::string* error) {
+  Request request;
+  request.op = static_cast<uint32_t>(Op::kFree);
+  request.id = buffer.id;
+  Reply reply;
+  if (!Call(request, &reply, nullptr, error)) return false;
+  if (reply.status != CUDA_SUCCESS) {
+    *error = reply.text;
+    return false;
+  }
+  return true;
+}
+
+bool ExporterClient::FloorSocket(std::string* name, std::string* error) {
+  if (floor_socket_.empty()) {
+    Reply reply;
+    if (!Simple(Op::kFloorStart, &reply, error)) return false;
+    floor_socket_ = reply.text;
+  }
+  *name = floor_socket_;
+  return true;
+}
+
+bool ExporterClient::Simple(Op op, Reply* reply, std::string* error) {
+  Request request;
+  request.op = static_cast<uint32_t>(op);
+  if (!Call(request, reply, nullptr, error)) return false;
+  if (reply->status != CUDA_SUCCESS) {
+    *error = reply->text;
+    return false;
+  }
   return true;
 }
 
@@ -546,17 +730,20 @@ void ExporterClient::Stop() {
       kill(pid_, SIGKILL);
       WaitPidBounded(pid_, 5000);
     }
-    g_exporter_pid.store(-1);
+    g_exporter_pids[slot_].store(-1);
     pid_ = -1;
   }
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
   buffers_.clear();
+  floor_socket_.clear();
 }
 
 void KillChildrenFromSignal() {
-  const pid_t exporter = g_exporter_pid.load();
-  if (exporter > 0) kill(exporter, SIGKILL);
+  for (auto& pid : g_exporter_pids) {
+    const pid_t exporter = pid.load();
+    if (exporter > 0) kill(exporter, SIGKILL);
+  }
   const pid_t transient = g_transient_pid.load();
   if (transient > 0) kill(transient, SIGKILL);
 }

@@ -1,8 +1,13 @@
-// The exporter side of vmmipc_bench: a second process (this binary run with
+// The exporter side of vmmipc_bench: a process (this binary run with
 // --vmmipc_exporter) that owns the exported memory and answers the benchmark
 // process (the importer) over a SOCK_SEQPACKET socketpair on its fd 3: buffers,
-// handles from cuIpcGetMemHandle (vmmipc's hook when preloaded), POSIX fds by
-// SCM_RIGHTS for the raw-driver floor, copies on its own mapping.
+// handles from cuIpcGetMemHandle (vmmipc's hook when preloaded), copies on its
+// own mapping. For the raw-driver floor it also serves POSIX fds by SCM_RIGHTS
+// on an abstract socket, one connection per request as vmmipc's importer
+// makes one per fetch. Two such processes run: the main exporter, and the
+// floor exporter, which never exports through vmmipc, so that the benchmark
+// alone decides which exported fds are alive in it (the driver's export cost
+// depends on that: docs/benchmarks.md).
 #pragma once
 
 #include <cuda.h>
@@ -17,14 +22,25 @@
 namespace vmmipc_bench {
 
 enum class Op : uint32_t {
-  kReady = 1,   // sent once by the exporter when its context is current; text: device name
-  kPing,        // an empty round trip
-  kAlloc,       // arg[0] layout, arg[1] 1 = VMM, 0 = legacy -> value[0] id, [1] base, [2] tag
-  kGet,         // id -> handle; us[0] the exporter's cuIpcGetMemHandle time
-  kExport,      // id -> one POSIX fd per chunk (SCM_RIGHTS); us[0] the export time
-  kCopy,        // id -> us[0]: one cuMemcpyDtoD of the buffer into a scratch buffer + sync
-  kProbeStart,  // -> text: the abstract name of an accept-and-echo socket (connect probe)
+  kReady = 1,    // sent once by the exporter when its context is current; text: device name
+  kPing,         // an empty round trip
+  kAlloc,        // arg[0] layout, arg[1] 1 = VMM, 0 = legacy -> value[0] id, [1] base, [2] tag
+  kFree,         // id: frees the buffer; its kept exported fds (kFloorDup) are closed with it
+  kGet,          // id -> handle; us[0] the exporter's cuIpcGetMemHandle time
+  kCopy,         // id -> us[0]: one cuMemcpyDtoD of the buffer into a scratch buffer + sync
+  kProbeStart,   // -> text: the abstract name of an accept-and-echo socket (connect probe)
+  kFloorStart,   // -> text: the abstract name of the floor socket (requests below)
+  kDropExports,  // closes every exported fd the exporter keeps -> value[0]: how many
   kQuit,
+  // Floor requests: one per connection to the floor socket, id -> one POSIX fd per chunk
+  // (SCM_RIGHTS). us[0]: the exporter's time to make the fds; us[1]: its time to close its
+  // copies of the previous request's fds after sending them.
+  kFloorDup,    // one exported fd per chunk kept alive: exported on the first request, dup()ed
+                // for each request, closed when the buffer is freed (or by kDropExports)
+  kFloorFresh,  // a fresh export per chunk while another exported fd of the process (an
+                // anchor, exported once and kept) is alive; closed after sending
+  kFloorCliff,  // a fresh export per chunk with no other exported fd alive (every kept fd is
+                // closed first): the driver sets its export state up and tears it down again
 };
 
 struct Request {
@@ -47,6 +63,7 @@ struct Reply {
 };
 
 // The exporter's main (argv: --vmmipc_exporter --vmmipc_device=N --vmmipc_parent=PID).
+// Both exporters run it; which requests come decides what each does.
 int ExporterMain(int argc, char** argv);
 
 // One buffer the exporter owns.
@@ -62,7 +79,10 @@ struct RemoteBuffer {
 // The importer's end: starts, talks to and stops the exporter process.
 class ExporterClient {
  public:
+  // The main exporter: vmmipc's get, open, copies and the pieces.
   static ExporterClient& Instance();
+  // The floor exporter: the raw-driver floor only (never exports through vmmipc).
+  static ExporterClient& Floor();
 
   // Starts the exporter once (later calls return the first result).
   bool EnsureStarted(std::string* error);
@@ -71,8 +91,15 @@ class ExporterClient {
   bool Call(const Request& request, Reply* reply, std::vector<int>* fds, std::string* error);
   // The exporter's buffer of this layout and kind, allocated on first use.
   bool Buffer(int layout, bool vmm, RemoteBuffer* out, std::string* error);
+  // A new buffer each call (not cached); the caller frees it with Free.
+  bool NewBuffer(int layout, bool vmm, RemoteBuffer* out, std::string* error);
+  bool Free(const RemoteBuffer& buffer, std::string* error);
   // A handle of the buffer's base, got now by the exporter.
   bool GetHandle(const RemoteBuffer& buffer, CUipcMemHandle* handle, std::string* error);
+  // The abstract name of the exporter's floor socket (started on first use).
+  bool FloorSocket(std::string* name, std::string* error);
+  // Sends `op` (kDropExports, ...) without arguments and checks the status.
+  bool Simple(Op op, Reply* reply, std::string* error);
   // Asks the exporter to quit, waits up to 5 s, then kills it.
   void Stop();
 
@@ -86,9 +113,10 @@ class ExporterClient {
   const std::string& device_name() const { return device_name_; }
 
  private:
-  ExporterClient() = default;
+  explicit ExporterClient(int slot) : slot_(slot) {}
   bool Start(std::string* error);
 
+  const int slot_;  // which of the two exporters, for the signal handler's pid table
   std::string self_exe_;
   int device_ = 0;
   std::vector<std::string> env_;
@@ -98,10 +126,11 @@ class ExporterClient {
   int fd_ = -1;
   pid_t pid_ = -1;
   std::string device_name_;
+  std::string floor_socket_;
   std::map<std::pair<int, bool>, RemoteBuffer> buffers_;
 };
 
-// Kills the exporter and any load-test child at once (async-signal-safe).
+// Kills both exporters and any load-test child at once (async-signal-safe).
 void KillChildrenFromSignal();
 // The pid of a short-lived child being waited for (load tests), for the signal handler.
 void SetTransientChild(pid_t pid);

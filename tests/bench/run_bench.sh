@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_bench.sh: the whole benchmark in one call (docs/benchmarks.md). Runs vmmipc_bench
 #   1. with LD_PRELOAD=<lib>: everything                                   -> OUT/bench.json
-#   2. without the preload: legacy, floor, passthrough, pieces             -> OUT/bench-nopreload.json
+#   2. without the preload: legacy, floors, cliff, passthrough, pieces     -> OUT/bench-nopreload.json
 #   3. with the preload and VMMIPC_LOG_LEVEL=debug: a few first opens only,
 #      for the library's own phase timings                                 -> OUT/bench-debug.log
 # then scripts/bench-report.py -> OUT/benchmarks.md and OUT/bench.png, and prints a short summary
@@ -43,7 +43,7 @@ mkdir -p "$OUT" || exit 1
 COMMON=(--benchmark_repetitions="$REPS" --benchmark_display_aggregates_only=true
         --iters_scale="$SCALE")
 FILTER_ALL=()
-FILTER_NOPRELOAD='^(get/legacy|open/legacy|reopen/legacy|floor|passthrough|piece)/'
+FILTER_NOPRELOAD='^(get/legacy|open/legacy|reopen/legacy|floor|floor_fresh|cliff|passthrough|piece)/'
 DEBUG_SCALE=0.1
 REPORT_FLAGS=()
 if ((SMOKE)); then
@@ -99,7 +99,7 @@ run "debug run" $((BUDGET * 10 / 100 + 5)) "$OUT/bench-debug.log" \
   LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=debug -- \
   --benchmark_out="$OUT/bench-debug.json" --benchmark_out_format=json \
   --benchmark_repetitions=1 --iters_scale="$DEBUG_SCALE" --phase_markers \
-  --benchmark_filter='^open/vmmipc/'
+  --benchmark_filter='^open(_fresh)?/vmmipc/'
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   echo "bench: $PYTHON not found: no report (the JSON files are in $OUT)"
