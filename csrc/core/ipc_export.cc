@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 
 #include "common/log.h"
@@ -72,6 +73,17 @@ CUresult ExportAt(uint64_t base, ScopedFd* fd) {
 // An fd for one tracked chunk: a dup of the cached export when there is one
 // (no driver call), else a fresh export that is cached for the next grant.
 CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
+  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  if (fd->valid()) {
+    stats::Count(stats::Counter::kFdCacheGrants);
+    return CUDA_SUCCESS;
+  }
+  // Two answers missing the same chunk at once (peers opening together, or
+  // the export ahead) would export it twice: one export per chunk, the
+  // second waits and takes a dup. Striped by chunk address; never held
+  // across anything but this chunk's export.
+  static std::mutex export_stripes[16];
+  std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
   *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);

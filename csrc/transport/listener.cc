@@ -146,15 +146,26 @@ void Listener::Impl::Run() noexcept {
     }
     if (pfds[0].revents != 0) break;
     // Requests first (their peers are waiting), then the deadlines, then new peers.
+    // With no workers (max_workers 0), the first request ready in a round is
+    // answered right here, saving a thread wake-up per open, at the price of
+    // a slow answer holding up the rest; any other request ready in the same
+    // round still goes to a worker.
     std::vector<Connection> still_waiting;
     still_waiting.reserve(waiting.size());
+    PendingRequest inline_request;
+    bool have_inline = false;
     for (size_t i = 0; i < waiting.size(); ++i) {
       Connection& c = waiting[i];
       if (n > 0 && pfds[i + 2].revents != 0) {
         PendingRequest request;
         const ReadOutcome outcome = ReadRequest(c, context, &request);
         if (outcome == ReadOutcome::kReady) {
-          Dispatch(Job{std::move(request), nullptr});
+          if (!have_inline && options.max_workers == 0) {
+            inline_request = std::move(request);
+            have_inline = true;
+          } else {
+            Dispatch(Job{std::move(request), nullptr});
+          }
           continue;
         }
         if (outcome == ReadOutcome::kDone) continue;
@@ -166,6 +177,7 @@ void Listener::Impl::Run() noexcept {
       still_waiting.push_back(std::move(c));
     }
     waiting = std::move(still_waiting);
+    if (have_inline) AnswerRequest(std::move(inline_request), context);
     if (n <= 0 || !accepting || pfds[1].revents == 0) continue;
     // Accept everything queued. Non-blocking: a connection that went away
     // between poll and accept must not park the thread where Stop() cannot
@@ -195,7 +207,8 @@ void Listener::Impl::Dispatch(Job job) noexcept {
     std::unique_lock lock(jobs_mutex);
     if (stopping) return;  // the job's connection closes with it
     jobs.push_back(std::move(job));
-    if (idle_workers == 0 && workers.size() < static_cast<size_t>(options.max_workers)) {
+    if (idle_workers == 0 &&
+        workers.size() < static_cast<size_t>(std::max(options.max_workers, 1))) {
       try {
         workers.push_back(StartQuietThread("vmmipc-serve", [this] { Work(); }));
       } catch (const std::exception& e) {
