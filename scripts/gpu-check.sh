@@ -2,12 +2,16 @@
 # gpu-check.sh: the one command for the GPU machine. From the repository root:
 #   bash scripts/gpu-check.sh [OUTDIR]    (OUTDIR: default $OUT if set, else build-gpu/report)
 # Steps: environment, configure + build (build-gpu, Release), ctest -L gpu (the cudart client and
-# its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, benchmarks if built.
+# its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, benchmarks if built, the
+# all-to-all registration benchmark (skipped, not failed, when less than 60 s of budget is left).
 # Every step runs whatever happened before it, under `timeout`, inside one time budget
 # (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
 # markdown table (also OUTDIR/summary.md). Exit: 0 when no step failed, 1 otherwise.
 # Knobs: GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
-# for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1).
+# for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1),
+# GPU_CHECK_ALL_TO_ALL_BUDGET_S (180), GPU_CHECK_ALL_TO_ALL_REPS (3), GPU_CHECK_SKIP (comma list of
+# steps not to run: ctest, python, bench, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give
+# the all-to-all step the budget).
 set -u
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -296,6 +300,48 @@ print(sum(1 for r in runs if r.get("aggregate_name") == "median"))' "$OUTDIR/ben
       [[ -f $OUTDIR/bench.png ]] && echo ", bench.png") (exit $rc)" $(($(now) - t0))
 }
 
+# ---- ALL-TO-ALL REGISTRATION -----------------------------------------------------------------
+# tests/bench/run_all_to_all.sh runs vmmipc_all_to_all (docs/benchmarks.md): N ranks in {2, 4, 8}
+# on one GPU and, when there are two, on two; per-rank buffers K in {1, 8, 64} x chunk 2 MiB and
+# 20 MiB; vmmipc against legacy IPC in the same run; 3 repetitions. Output in OUTDIR/all-to-all/:
+# all-to-all-nN-gG.{txt,log,json} per launcher run and all-to-all.md with the targets. FAIL only
+# when a run crashed or saw wrong data (a tag read through an opened pointer was not the
+# exporter's); a missed target, or a run left out for the time budget, is a result.
+# Knobs: GPU_CHECK_ALL_TO_ALL_BUDGET_S (180: the matrix is sized for it), GPU_CHECK_ALL_TO_ALL_REPS.
+step_all_to_all() {
+  banner "all-to-all registration"
+  local log="$OUTDIR/all-to-all.log" t0 rc limit want bin="$BUILD_DIR/tests/bench/vmmipc_all_to_all"
+  t0=$(now)
+  : >"$log"
+  if [[ ! -x $bin ]]; then
+    record "all-to-all" FAIL "$bin not built (see build.log)" 0
+    return
+  fi
+  if [[ ! -f $LIB ]]; then
+    record "all-to-all" FAIL "not run: $LIB was not built" 0
+    return
+  fi
+  want=${GPU_CHECK_ALL_TO_ALL_BUDGET_S:-180}
+  limit=$(step_limit $((want + 20)))
+  if ((limit < 60)); then
+    # Earlier steps spent the budget: too little left to say anything. Not a failure.
+    record "all-to-all" SKIP \
+      "only ${limit}s of budget left; run it alone with GPU_CHECK_SKIP=ctest,python,bench" 0
+    return
+  fi
+  rm -rf "$OUTDIR/all-to-all"
+  run_logged "$log" "$limit" bash tests/bench/run_all_to_all.sh --bin "$bin" --lib "$LIB" \
+    --out "$OUTDIR/all-to-all" --budget-s $((limit - 15)) --reps "${GPU_CHECK_ALL_TO_ALL_REPS:-3}"
+  rc=$?
+  local targets runs
+  targets=$(grep -m1 -oE '^[0-9]+ met, [0-9]+ missed, [0-9]+ not measured' \
+    "$OUTDIR/all-to-all/all-to-all.md" 2>/dev/null)
+  runs=$(find "$OUTDIR/all-to-all" -name 'all-to-all-n*-g*.json' 2>/dev/null | wc -l)
+  record "all-to-all" "$(status_result "$rc")" \
+    "$runs launcher runs; targets: ${targets:-no report}; all-to-all/all-to-all.md (exit $rc)" \
+    $(($(now) - t0))
+}
+
 print_summary() {
   local total=$(($(now) - START_S)) overall=PASS
   ((ANY_FAILED)) && overall=FAIL
@@ -322,11 +368,18 @@ trap on_signal INT TERM
 
 # --- main ------------------------------------------------------------------------------------
 
+# skipped NAME: true (and a SKIP row) when GPU_CHECK_SKIP names the step NAME.
+skipped() {
+  [[ ,${GPU_CHECK_SKIP:-}, == *,$1,* ]] || return 1
+  record "$1" SKIP "GPU_CHECK_SKIP" 0
+}
+
 step_env
 step_configure
 step_build
-step_ctest
-step_python
-step_bench
+skipped ctest || step_ctest
+skipped python || step_python
+skipped bench || step_bench
+skipped all_to_all || step_all_to_all
 print_summary
 exit "$ANY_FAILED"
