@@ -2,7 +2,7 @@
 #   P/lib/libvmmipc.so                        the library (its install() is in csrc/CMakeLists.txt)
 #   P/bin/vmmipc-run                          the launcher and `--check`
 #   P/share/vmmipc/python/                    the vmmipc Python package and its sitecustomize hook
-#   P/share/doc/vmmipc/                       README.md, LICENSE, docs/*.md (under docs/, so links work)
+#   P/share/doc/vmmipc/                       README.md, LICENSE, docs/*.md and *.png (links work)
 #   P/include/vmmipc/*.h                      header-only constants to recognise a VMM2 handle
 #   P/lib/pkgconfig/vmmipc.pc                 pkg-config --cflags --libs vmmipc
 #   P/lib/cmake/vmmipc/vmmipcConfig.cmake     find_package(vmmipc): imported target vmmipc::vmmipc
@@ -20,7 +20,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/python/
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/LICENSE
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
-        FILES_MATCHING PATTERN "*.md")
+        FILES_MATCHING PATTERN "*.md" PATTERN "*.png")
 
 file(GLOB _vmmipc_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/vmmipc/*.h)
 if(_vmmipc_headers)
