@@ -2,8 +2,8 @@
 #   P/lib/libvmmipc.so                        the library (its install() is in csrc/CMakeLists.txt)
 #   P/bin/vmmipc-run                          the launcher and `--check`
 #   P/share/vmmipc/python/                    the vmmipc Python package and its sitecustomize hook
-#   P/share/doc/vmmipc/                       README.md, LICENSE, docs/*.md (under docs/, so links work)
-#   P/include/vmmipc/*.h                      control-API headers, when include/vmmipc has any
+#   P/share/doc/vmmipc/                       README.md, LICENSE, docs/*.md and *.png (links work)
+#   P/include/vmmipc/*.h                      header-only constants to recognise a VMM2 handle
 #   P/lib/pkgconfig/vmmipc.pc                 pkg-config --cflags --libs vmmipc
 #   P/lib/cmake/vmmipc/vmmipcConfig.cmake     find_package(vmmipc): imported target vmmipc::vmmipc
 # Nothing installed names the prefix chosen at configure time: the .pc file is relative to
@@ -20,7 +20,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/python/
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/LICENSE
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
-        FILES_MATCHING PATTERN "*.md")
+        FILES_MATCHING PATTERN "*.md" PATTERN "*.png")
 
 file(GLOB _vmmipc_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/vmmipc/*.h)
 if(_vmmipc_headers)
@@ -44,8 +44,9 @@ foreach(dir LIBDIR INCLUDEDIR)
   endif()
 endforeach()
 file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/install/vmmipc.pc @ONLY CONTENT
-[[# vmmipc: legacy CUDA IPC on VMM memory. Usually loaded with LD_PRELOAD (bin/vmmipc-run);
-# link it (-lvmmipc, before -lcuda) only to load it without a preload or to use its control API.
+[[# vmmipc: legacy CUDA IPC on VMM memory. Usually loaded with LD_PRELOAD (bin/vmmipc-run).
+# It exports no API of its own: link it (-lvmmipc, before -lcuda) only to load it without a
+# preload. include/vmmipc/vmmipc.h (Cflags) is header-only: constants to recognise a VMM2 handle.
 prefix=@_vmmipc_pc_prefix@
 libdir=@_vmmipc_pc_LIBDIR@
 includedir=@_vmmipc_pc_INCLUDEDIR@

@@ -1,5 +1,5 @@
 # vmmipc_layer(NAME SOURCES... DEPS ...): one static, PIC, hidden-visibility
-# library per layer of design.md, linked whole into libvmmipc.so.
+# library per layer (docs/architecture.md), linked whole into libvmmipc.so.
 function(vmmipc_layer name)
   cmake_parse_arguments(L "" "" "SOURCES;DEPS" ${ARGN})
   add_library(vmmipc_${name} STATIC ${L_SOURCES})

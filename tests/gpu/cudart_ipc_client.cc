@@ -220,7 +220,7 @@ std::string EnvOr(const char* name, const char* fallback) {
   return value != nullptr ? value : fallback;
 }
 
-// The rank vmmipc will use for this exporter (design.md: VMMIPC_RANK, LOCAL_RANK, RANK).
+// vmmipc's rank for this exporter: VMMIPC_RANK, LOCAL_RANK, RANK (docs/configuration.md).
 bool ExporterIsRanked() {
   for (const char* name : {"VMMIPC_RANK", "LOCAL_RANK", "RANK"}) {
     uint64_t rank = 0;
@@ -339,7 +339,7 @@ class VmmBuffer {
   bool mapped_[2] = {false, false};
 };
 
-// SKIP unless the device can do VMM with POSIX fds (driver-facts.md: the H200 can).
+// SKIP unless the device can do VMM with POSIX fds (docs/driver-behaviour.md: the H200 can).
 bool DeviceSupportsVmmFds(int device, std::string* why) {
   CUdevice dev = 0;
   int vmm = 0;
@@ -470,7 +470,7 @@ int RunChild(int argc, char** argv) {
                   diff.empty() ? "cudaMalloc buffer matches (pass-through)" : diff);
   }
 
-  // Same handle twice: same pointer, reference counted (driver-facts.md).
+  // Same handle twice: same pointer, reference counted (docs/driver-behaviour.md).
   if (base != nullptr) {
     void* again = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&again, handle_base, kFlags);
@@ -655,14 +655,14 @@ int RunParent(bool expect_unhooked) {
   };
 
   if (expect_unhooked) {
-    // The driver's own answer on VMM memory (driver-facts.md): cudaErrorInvalidValue.
+    // The driver's own answer on VMM memory (docs/driver-behaviour.md): cudaErrorInvalidValue.
     cudaError_t err = cudaSuccess;
     const std::string got = get(buffer.ptr(0), &handle_base, &err);
-    checks.Expect(
-        err == cudaErrorInvalidValue, "get_handle_vmm_refused",
-        "cudaIpcGetMemHandle(VMM base) -> " + got +
-            (err == cudaErrorInvalidValue ? ": the unhooked driver refuses VMM memory, as measured"
-                                          : ": expected cudaErrorInvalidValue (driver-facts.md)"));
+    checks.Expect(err == cudaErrorInvalidValue, "get_handle_vmm_refused",
+                  "cudaIpcGetMemHandle(VMM base) -> " + got +
+                      (err == cudaErrorInvalidValue
+                           ? ": the unhooked driver refuses VMM memory, as measured"
+                           : ": expected cudaErrorInvalidValue (docs/driver-behaviour.md)"));
     // Control: legacy memory still exports, so IPC itself works on this machine.
     void* legacy = nullptr;
     err = cudaMalloc(&legacy, kLegacyBytes);

@@ -14,7 +14,7 @@ fresh processes for each role:
                    writes a reply, closes (plus open-twice and one-close-too-many).
   importer-cupy    VMMIPC_RANK=1: the same through cupy.cuda.runtime.ipcOpenMemHandle.
   baseline         without vmmipc: cuIpcGetMemHandle on the VMM tensor must fail with
-                   CUDA_ERROR_INVALID_VALUE (driver-facts.md).
+                   CUDA_ERROR_INVALID_VALUE (docs/driver-behaviour.md).
 Each check prints `CHECK <name> PASS|FAIL|SKIP <detail>`. Exit: 1 if any FAIL; the skip code
 (--skip-exit-code, default 0) when nothing could run (no torch / cuda.bindings / GPU); else 0.
 --fake-gpu runs the same plumbing on host memory (no CUDA at all): a test of this script only.
@@ -276,7 +276,7 @@ class Driver:
         return err, (int(base), int(size)), name
 
     def is_vmm(self, ptr):
-        """cuMemRetainAllocationHandle succeeds only on VMM memory (driver-facts.md)."""
+        """cuMemRetainAllocationHandle succeeds only on VMM memory (docs/driver-behaviour.md)."""
         err, handle, name = self.call("cuMemRetainAllocationHandle", int(ptr))
         if err:
             return False, f"cuMemRetainAllocationHandle: {name}"
@@ -934,7 +934,8 @@ def baseline_main(args):
     ok = err == CUDA_ERROR_INVALID_VALUE
     emit(f"{tag}.get_handle_refused", "PASS" if ok else "FAIL",
          f"cuIpcGetMemHandle(expandable-segment tensor) without vmmipc -> {err_name}"
-         + (": as measured (driver-facts.md)" if ok else ": expected CUDA_ERROR_INVALID_VALUE"))
+         + (": as measured (docs/driver-behaviour.md)" if ok
+            else ": expected CUDA_ERROR_INVALID_VALUE"))
     return 0
 
 

@@ -17,7 +17,8 @@ lib=$(find "$work/p" -name libvmmipc.so -type f | head -1)
 [ -n "$lib" ] || fail "no libvmmipc.so installed"
 libdir=${lib%/libvmmipc.so}
 for f in bin/vmmipc-run share/vmmipc/python/vmmipc/deepep.py share/vmmipc/python/sitecustomize.py \
-         share/doc/vmmipc/README.md share/doc/vmmipc/docs/configuration.md; do
+         share/doc/vmmipc/README.md share/doc/vmmipc/docs/configuration.md \
+         share/doc/vmmipc/docs/bench-h200.png; do
   [ -e "$work/p/$f" ] || fail "$f not installed"
 done
 [ -x "$work/p/bin/vmmipc-run" ] || fail "bin/vmmipc-run is not executable"

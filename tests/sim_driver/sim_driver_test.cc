@@ -1,5 +1,5 @@
 // Tests of the simulated CUDA driver (label: sim): each measured real-driver behaviour it must
-// reproduce (docs: driver-facts.md), memory reaching another process through an exported fd and
+// reproduce (docs/driver-behaviour.md), memory reaching another process through an exported fd and
 // through a legacy IPC handle, and that nothing leaks.
 #include <cuda.h>
 #include <dirent.h>
