@@ -89,11 +89,25 @@ bool ParseInt(const char* text, int64_t* out) {
 
 bool ParseSize(const char* text, uint64_t* out) {
   std::string s = Trim(text);
-  if (s.empty() || s[0] == '-' || s[0] == '+') return false;
+  // Decimal unless "0x": strtoull's base 0 would read a leading zero as octal
+  // ("010T" as 8 TiB). Only the digits go to strtoull, which would otherwise
+  // also take a sign, blanks or a second "0x".
+  int base = 10;
+  size_t start = 0;
+  if (s.size() > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    base = 16;
+    start = 2;
+  }
+  size_t stop = start;
+  while (stop < s.size() && (base == 16 ? std::isxdigit(static_cast<unsigned char>(s[stop]))
+                                        : std::isdigit(static_cast<unsigned char>(s[stop]))))
+    ++stop;
+  if (stop == start) return false;
+  const std::string digits = s.substr(start, stop - start);
   errno = 0;
-  char* end = nullptr;
-  unsigned long long value = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str()) return false;
+  unsigned long long value = std::strtoull(digits.c_str(), nullptr, base);
+  if (errno != 0) return false;
+  const char* end = s.c_str() + stop;
   unsigned shift = 0;
   if (*end != '\0') {
     switch (std::toupper(static_cast<unsigned char>(*end))) {

@@ -82,9 +82,11 @@ class ConfigTableTest(unittest.TestCase):
         self.assertEqual(parse(" 64m "), 64 << 20)
         self.assertEqual(parse("0x10"), 16)
         self.assertEqual(parse("0x300000000000"), 0x300000000000)
-        self.assertEqual(parse("010"), 8)  # strtoull base 0: octal
+        self.assertEqual(parse("010"), 10)  # decimal: a leading zero is not octal
+        self.assertEqual(parse("08"), 8)
+        self.assertEqual(parse("010T"), 10 << 40)
         for bad in ("", "-1", "+1", "12Q", "1TT", "0xZZ", "99999999999999999999", "20000000T",
-                    "08"):
+                    "0x", "0x0x10"):
             with self.assertRaises(ValueError, msg=bad):
                 parse(bad)
 

@@ -101,6 +101,25 @@ TEST(Params, SizeParserRejectsJunk) {
     EXPECT_FALSE(ParseSize(bad, &v)) << bad;
 }
 
+// Sizes are decimal unless they start with 0x: a leading zero is not octal
+// (strtoull's base 0 read "010T" as 8 TiB).
+TEST(Params, SizesWithALeadingZeroAreDecimal) {
+  uint64_t v = 0;
+  EXPECT_TRUE(ParseSize("010T", &v));
+  EXPECT_EQ(v, 10ull << 40);
+  EXPECT_TRUE(ParseSize("010", &v));
+  EXPECT_EQ(v, 10u);
+  EXPECT_TRUE(ParseSize("08", &v));  // not even valid octal
+  EXPECT_EQ(v, 8u);
+  EXPECT_TRUE(ParseSize("0", &v));
+  EXPECT_EQ(v, 0u);
+  EXPECT_TRUE(ParseSize("0X1f", &v));
+  EXPECT_EQ(v, 31u);
+  for (const char* bad : {"0x", "0b101", "0o17", "1.5G", "0x-1", "0x0x10", "0x 1", "- 1"})
+    EXPECT_FALSE(ParseSize(bad, &v)) << bad;
+  EXPECT_EQ(ParseWith({{"VMMIPC_ZONE_BASE", "048T"}}).zone_base, 48ull << 40);
+}
+
 // docs/configuration.md lists every parameter with its default, and nothing else.
 TEST(Params, ConfigurationDocMatchesTheTable) {
   std::ifstream file(std::string(VMMIPC_SOURCE_DIR) + "/docs/configuration.md");
