@@ -1,12 +1,14 @@
-// Parsing of the parameter table in params.def.
+// Parsing of the parameter table in params.def, and the one check of the
+// address layout the values form together (zones and arena).
 #include "config/params.h"
 
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
-#include <initializer_list>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
+#include <utility>
 
 namespace vmmipc::config {
 namespace {
@@ -64,6 +66,149 @@ const char* Invalid(const Params& p, const char* name) {
   return nullptr;
 }
 
+Params Defaults() {
+  Params params;
+#define VMMIPC_PARAM(field, name, kind, def, doc) Assign(&params.field, Kind::kind, def);
+#include "config/params.def"
+#undef VMMIPC_PARAM
+  return params;
+}
+
+// For ranges already known to end below kUserAddressEnd (no wrap-around).
+bool Overlaps(uint64_t a, uint64_t a_size, uint64_t b, uint64_t b_size) {
+  return a < b + b_size && b < a + a_size;
+}
+
+std::string Span(const char* what, uint64_t base, uint64_t size) {
+  return fmt::format("the {} [0x{:x}, +0x{:x})", what, base, size);
+}
+
+// Why [base, base + size) cannot be reserved: it wraps around or ends past
+// the top of the user address space. Empty when it fits.
+std::string PastTheTop(const char* what, uint64_t base, uint64_t size) {
+  if (size <= kUserAddressEnd && base <= kUserAddressEnd - size) return "";
+  return fmt::format("{} ends past 0x{:x}, the top of the 47-bit user address space",
+                     Span(what, base, size), kUserAddressEnd);
+}
+
+// One part of the layout: `problem` says why it does not fit (empty when it
+// does). Such a part falls back to its defaults; when they do not fit either
+// (or it already had them), it is turned off. One warning line either way.
+struct LayoutPart {
+  std::string values;       // "VMMIPC_X=0x..." as parsed, for the warning
+  bool at_default = false;  // the values are the defaults already
+  std::function<std::string()> problem;
+  std::string default_text;
+  std::function<void()> use_default;
+  std::function<void()> turn_off;
+  const char* off_text = "";
+};
+
+void Settle(const LayoutPart& part) {
+  const std::string why = part.problem();
+  if (why.empty()) return;
+  if (part.at_default) {
+    VMMIPC_LOG_WARN("{} (the default): {}; {}", part.values, why, part.off_text);
+    part.turn_off();
+    return;
+  }
+  part.use_default();
+  const std::string why_default = part.problem();
+  if (why_default.empty()) {
+    VMMIPC_LOG_WARN("ignoring {}: {}; using the default {}", part.values, why, part.default_text);
+    return;
+  }
+  VMMIPC_LOG_WARN("ignoring {}: {}; the default {} does not fit either ({}); {}", part.values, why,
+                  part.default_text, why_default, part.off_text);
+  part.turn_off();
+}
+
+// Zone geometry first, then the import zone, the fallback zone (which must
+// not overlap the zone) and the arena (which must fit a slot and overlap
+// neither zone): each part is checked against the ones already settled.
+void SettleLayout(Params* p) {
+  const Params d = Defaults();
+  uint64_t zone_size = 0;
+  const bool wraps =
+      __builtin_mul_overflow(static_cast<uint64_t>(p->zone_slots), p->slot_size, &zone_size);
+  if (wraps || zone_size > kUserAddressEnd) {
+    VMMIPC_LOG_WARN(
+        "ignoring VMMIPC_ZONE_SLOTS={} and VMMIPC_SLOT_SIZE=0x{:x}: the import zone (slots x slot "
+        "size) {}; using the defaults {} x 0x{:x}",
+        p->zone_slots, p->slot_size,
+        wraps ? std::string("overflows 64 bits")
+              : fmt::format("is 0x{:x} bytes, more than the 47-bit user address space", zone_size),
+        d.zone_slots, d.slot_size);
+    p->zone_slots = d.zone_slots;
+    p->slot_size = d.slot_size;
+    zone_size = static_cast<uint64_t>(p->zone_slots) * p->slot_size;
+  }
+
+  LayoutPart zone;
+  zone.values = fmt::format("VMMIPC_ZONE_BASE=0x{:x}", p->zone_base);
+  zone.at_default = p->zone_base == d.zone_base;
+  zone.problem = [&]() -> std::string {
+    return p->zone_base == 0 ? "" : PastTheTop("import zone", p->zone_base, zone_size);
+  };
+  zone.default_text = fmt::format("0x{:x}", d.zone_base);
+  zone.use_default = [&] { p->zone_base = d.zone_base; };
+  zone.turn_off = [&] { p->zone_base = 0; };
+  zone.off_text =
+      "no import zone at VMMIPC_ZONE_BASE (the fallback zone is tried, else peers are placed "
+      "best-effort)";
+  Settle(zone);
+
+  LayoutPart fallback;
+  fallback.values = fmt::format("VMMIPC_ZONE_FALLBACK_BASE=0x{:x}", p->zone_fallback_base);
+  fallback.at_default = p->zone_fallback_base == d.zone_fallback_base;
+  fallback.problem = [&]() -> std::string {
+    const uint64_t base = p->zone_fallback_base;
+    if (base == 0) return "";
+    std::string why = PastTheTop("fallback zone", base, zone_size);
+    if (why.empty() && p->zone_base != 0 && Overlaps(base, zone_size, p->zone_base, zone_size))
+      why = Span("fallback zone", base, zone_size) + " overlaps " +
+            Span("import zone", p->zone_base, zone_size);
+    return why;
+  };
+  fallback.default_text = fmt::format("0x{:x}", d.zone_fallback_base);
+  fallback.use_default = [&] { p->zone_fallback_base = d.zone_fallback_base; };
+  fallback.turn_off = [&] { p->zone_fallback_base = 0; };
+  fallback.off_text = "no fallback zone";
+  Settle(fallback);
+
+  if (!p->arena) return;  // off by choice: nothing to check
+  LayoutPart arena;
+  arena.values = fmt::format("VMMIPC_ARENA_BASE=0x{:x} and VMMIPC_ARENA_SIZE=0x{:x}", p->arena_base,
+                             p->arena_size);
+  arena.at_default = p->arena_base == d.arena_base && p->arena_size == d.arena_size;
+  arena.problem = [&]() -> std::string {
+    const uint64_t base = p->arena_base, size = p->arena_size;
+    // The region base in handles is the arena base: every carve must mirror
+    // into the exporter's one slot in every importer.
+    if (size > p->slot_size)
+      return fmt::format(
+          "the export arena's size 0x{:x} is larger than VMMIPC_SLOT_SIZE (0x{:x}), so it could "
+          "not mirror into one importer slot",
+          size, p->slot_size);
+    std::string why = PastTheTop("export arena", base, size);
+    if (!why.empty()) return why;
+    for (auto [what, other] : {std::pair{"import zone", p->zone_base},
+                               std::pair{"fallback zone", p->zone_fallback_base}}) {
+      if (other != 0 && Overlaps(base, size, other, zone_size))
+        return Span("export arena", base, size) + " overlaps " + Span(what, other, zone_size);
+    }
+    return "";
+  };
+  arena.default_text = fmt::format("0x{:x} and 0x{:x}", d.arena_base, d.arena_size);
+  arena.use_default = [&] {
+    p->arena_base = d.arena_base;
+    p->arena_size = d.arena_size;
+  };
+  arena.turn_off = [&] { p->arena = false; };
+  arena.off_text = "export arena off (a ranked process's own addresses may differ between runs)";
+  Settle(arena);
+}
+
 }  // namespace
 
 std::span<const ParamSpec> AllParams() { return kSpecs; }
@@ -95,11 +240,25 @@ bool ParseInt(const char* text, int64_t* out) {
 
 bool ParseSize(const char* text, uint64_t* out) {
   std::string s = Trim(text);
-  if (s.empty() || s[0] == '-' || s[0] == '+') return false;
+  // Decimal unless "0x": strtoull's base 0 would read a leading zero as octal
+  // ("010T" as 8 TiB). Only the digits go to strtoull, which would otherwise
+  // also take a sign, blanks or a second "0x".
+  int base = 10;
+  size_t start = 0;
+  if (s.size() > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    base = 16;
+    start = 2;
+  }
+  size_t stop = start;
+  while (stop < s.size() && (base == 16 ? std::isxdigit(static_cast<unsigned char>(s[stop]))
+                                        : std::isdigit(static_cast<unsigned char>(s[stop]))))
+    ++stop;
+  if (stop == start) return false;
+  const std::string digits = s.substr(start, stop - start);
   errno = 0;
-  char* end = nullptr;
-  unsigned long long value = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str()) return false;
+  unsigned long long value = std::strtoull(digits.c_str(), nullptr, base);
+  if (errno != 0) return false;
+  const char* end = s.c_str() + stop;
   unsigned shift = 0;
   if (*end != '\0') {
     switch (std::toupper(static_cast<unsigned char>(*end))) {
@@ -120,11 +279,8 @@ bool ParseSize(const char* text, uint64_t* out) {
 }
 
 Params Parse(const EnvLookup& lookup) {
-  Params params;
   // Defaults first, from the same table text that the docs show.
-#define VMMIPC_PARAM(field, name, kind, def, doc) Assign(&params.field, Kind::kind, def);
-#include "config/params.def"
-#undef VMMIPC_PARAM
+  Params params = Defaults();
   // Then the environment; a bad value is reported and the default kept.
 #define VMMIPC_PARAM(field, name, kind, def, doc)                                            \
   if (const char* text = lookup(name); text != nullptr) {                                    \
@@ -140,6 +296,8 @@ Params Parse(const EnvLookup& lookup) {
   }
 #include "config/params.def"
 #undef VMMIPC_PARAM
+  // Each value is fine on its own; together they must still form a layout.
+  SettleLayout(&params);
   // Rank fallbacks: IPC stays within one node, so the local rank is the right slot.
   if (params.rank_source == "none" || params.rank < 0) {
     params.rank_source = "none";

@@ -1,6 +1,7 @@
 // The configuration of vmmipc: every VMMIPC_* variable is declared once in
 // params.def (name, kind, default, doc), parsed once, and read through Get().
-// Invalid values are warned about and ignored (the default stays).
+// Invalid values are warned about and ignored (the default stays); so is an
+// address layout (import zone, fallback zone, export arena) that does not fit.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +44,21 @@ struct Params {
   std::string rank_source = "none";
 };
 
+// The top of the user address space with 4-level paging on x86-64, where the
+// H100/H200 hosts vmmipc targets run: no part of the layout may reach past it.
+inline constexpr uint64_t kUserAddressEnd = 0x800000000000ull;
+
 using EnvLookup = std::function<const char*(const char*)>;
 
 std::span<const ParamSpec> AllParams();
-// Parses every parameter through `lookup` (getenv in production).
+// Parses every parameter through `lookup` (getenv in production), then
+// settles the address layout: the import zone (VMMIPC_ZONE_SLOTS x
+// VMMIPC_SLOT_SIZE) must not overflow, and the zone, the fallback zone and the
+// export arena must each end below kUserAddressEnd, not overlap one another,
+// and the arena must fit one slot. A part that does not falls back to its
+// defaults, or is turned off when they do not fit either (zone_base 0,
+// zone_fallback_base 0, arena false), with one warning line naming the
+// variables. The result always satisfies these bounds.
 Params Parse(const EnvLookup& lookup);
 // The process's parameters, parsed from the environment on first call.
 const Params& Get();

@@ -1,11 +1,13 @@
 // Loading of the real driver table: dlopen once, resolve every entry point
-// with libc's dlsym (not vmmipc's hook), keep the handle for the process life.
+// with libc's dlsym (not vmmipc's hook), refuse a "driver" that is vmmipc
+// itself, keep the handle for the process life.
 #include "driver/real_driver.h"
 
 #include <dlfcn.h>
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "common/log.h"
 #include "config/params.h"
@@ -18,6 +20,32 @@ RealDriver g_loaded;
 std::atomic<const RealDriver*> g_override{nullptr};
 std::once_flag g_once;
 bool g_ok = false;
+
+// The file vmmipc's own code lives in (libvmmipc.so; a test binary when the
+// layers are linked statically), or "" when dladdr cannot tell.
+std::string OwnModule(const void** base) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&OwnModule), &info) == 0) return "";
+  *base = info.dli_fbase;
+  return info.dli_fname != nullptr ? info.dli_fname : "";
+}
+
+// The first entry point of `table` that lies in vmmipc's own module, or
+// nullptr. Such a "driver" (VMMIPC_CUDA_LIBRARY naming libvmmipc.so, or a
+// library that forwards to it) hands vmmipc its own hooks back: every hook
+// would call itself until the stack overflows.
+const char* EntryPointInsideVmmipc(const RealDriver& table, const void* own_base) {
+  if (own_base == nullptr) return nullptr;
+  auto inside = [own_base](const void* fn) {
+    Dl_info info{};
+    return fn != nullptr && dladdr(fn, &info) != 0 && info.dli_fbase == own_base;
+  };
+#define VMMIPC_DRIVER_INSIDE(member, symbol, type) \
+  if (inside(reinterpret_cast<const void*>(table.member))) return symbol;
+  VMMIPC_DRIVER_FUNCTIONS(VMMIPC_DRIVER_INSIDE)
+#undef VMMIPC_DRIVER_INSIDE
+  return nullptr;
+}
 
 void Load() {
   const std::string& path = config::Get().cuda_library;
@@ -33,11 +61,25 @@ void Load() {
     return;
   }
   DlsymFn real_dlsym = RealDlsym();
-  g_loaded.library = library;
+  RealDriver table;
+  table.library = library;
 #define VMMIPC_DRIVER_RESOLVE(member, symbol, type) \
-  g_loaded.member = reinterpret_cast<type>(real_dlsym(library, symbol));
+  table.member = reinterpret_cast<type>(real_dlsym(library, symbol));
   VMMIPC_DRIVER_FUNCTIONS(VMMIPC_DRIVER_RESOLVE)
 #undef VMMIPC_DRIVER_RESOLVE
+  const void* own_base = nullptr;
+  const std::string own_path = OwnModule(&own_base);
+  if (const char* symbol = EntryPointInsideVmmipc(table, own_base)) {
+    // Treated like a driver that cannot be loaded: the table stays empty.
+    VMMIPC_LOG_ERROR(
+        "refusing the CUDA driver '{}': its {} is vmmipc's own ({}), so every call "
+        "would come back to vmmipc; every hook that needs the driver fails with "
+        "CUDA_ERROR_NOT_SUPPORTED (set VMMIPC_CUDA_LIBRARY to the real libcuda.so.1)",
+        path, symbol, own_path);
+    dlclose(library);
+    return;
+  }
+  g_loaded = table;
   g_ok = true;
 }
 
@@ -53,6 +95,12 @@ bool Loaded() {
   if (g_override.load(std::memory_order_acquire) != nullptr) return true;
   Real();
   return g_ok;
+}
+
+CUresult MissingEntryPoint(const char* member) {
+  // Without any driver the load already said, once, that every hook fails.
+  if (Loaded()) VMMIPC_LOG_ERROR("the real driver has no {}", member);
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 const char* ErrorName(CUresult result) {

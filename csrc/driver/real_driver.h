@@ -54,9 +54,13 @@ struct RealDriver {
 };
 
 // The loaded table; loads it on the first call. Never null: when the library
-// cannot be loaded, the table's entries are null and Loaded() is false.
+// cannot be loaded, or its entry points are vmmipc's own (it would call itself
+// forever), the table's entries are null and Loaded() is false.
 const RealDriver& Real();
 bool Loaded();
+// What VMMIPC_REAL returns for a null entry point: CUDA_ERROR_NOT_SUPPORTED,
+// with an error line when the driver loaded without it.
+CUresult MissingEntryPoint(const char* member);
 // Human name of a CUresult for log lines ("CUDA_ERROR_INVALID_VALUE (1)").
 const char* ErrorName(CUresult result);
 
@@ -67,10 +71,9 @@ void OverrideForTesting(const RealDriver* table);
 
 // Calls a real driver function that might be missing from an old libcuda:
 // a missing entry point is CUDA_ERROR_NOT_SUPPORTED, never a null call.
-#define VMMIPC_REAL(member, ...)                                                 \
-  (::vmmipc::driver::Real().member != nullptr                                    \
-       ? ::vmmipc::driver::Real().member(__VA_ARGS__)                            \
-       : (VMMIPC_LOG_ERROR("the real driver has no {}", #member), CUDA_ERROR_NOT_SUPPORTED))
+#define VMMIPC_REAL(member, ...)                                                             \
+  (::vmmipc::driver::Real().member != nullptr ? ::vmmipc::driver::Real().member(__VA_ARGS__) \
+                                              : ::vmmipc::driver::MissingEntryPoint(#member))
 
 // Logs one line naming the failed driver call and returns its CUresult.
 #define VMMIPC_CU_CHECK(member, ...)                                                      \

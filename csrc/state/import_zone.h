@@ -14,6 +14,7 @@ struct ZoneLayout {
   uint64_t slots = 0;
   uint64_t slot_size = 0;
 
+  // Cannot wrap: config::Parse keeps slots x slot size below kUserAddressEnd.
   uint64_t size() const { return slots * slot_size; }
   bool Contains(uint64_t address) const {
     return base != 0 && address >= base && address - base < size();

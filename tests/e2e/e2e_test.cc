@@ -423,8 +423,11 @@ TEST_F(EndToEnd, FullArenaFallsBackToTheDriverAndStillShares) {
 }
 
 TEST_F(EndToEnd, ArenaIsOffWhenDisabledUnrankedOrLargerThanASlot) {
-  for (auto env : std::vector<std::map<std::string, std::string>>{
-           {{"VMMIPC_ARENA", "0"}}, {{"VMMIPC_ARENA_SIZE", "2T"}}}) {
+  // 8 GiB slots: neither the arena of this layout nor the default one fits a
+  // slot, so the configuration turns it off (a too large VMMIPC_ARENA_SIZE
+  // alone would fall back to the default size).
+  for (auto env : std::vector<std::map<std::string, std::string>>{{{"VMMIPC_ARENA", "0"}},
+                                                                  {{"VMMIPC_SLOT_SIZE", "8G"}}}) {
     auto exporter = Peer("0", env);
     uint64_t base = Num(Value(exporter->Call("reserve " + Hex(2 * kChunk))));
     EXPECT_NE(base, 0u);

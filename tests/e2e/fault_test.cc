@@ -1097,6 +1097,40 @@ TEST_F(Fault, FailedBestEffortReservationFailsOpenAndLeavesNothing) {
   EXPECT_EQ(Held(*importer), before);
 }
 
+// VMMIPC_CUDA_LIBRARY naming libvmmipc.so itself hands vmmipc its own hooks
+// as "the driver": each would call itself until the stack overflowed. It is
+// refused like a driver that cannot be loaded: every hooked call fails with
+// CUDA_ERROR_NOT_SUPPORTED, the process lives on, one error line says why.
+TEST_F(Fault, DriverThatIsVmmipcItselfIsRefusedLikeAMissingOne) {
+  const std::string zeros(128, '0');  // a handle vmmipc does not know: the driver's to answer
+  struct Case {
+    std::string library;
+    std::string log;
+  };
+  for (const Case& c :
+       {Case{VMMIPC_LIBRARY_PATH, std::string("refusing the CUDA driver '") + VMMIPC_LIBRARY_PATH +
+                                      "': its cuIpcGetMemHandle is vmmipc's own ("},
+        Case{"libvmmipc.so", "refusing the CUDA driver 'libvmmipc.so': its cuIpcGetMemHandle"},
+        Case{"/nonexistent/libcuda.so.1",
+             "cannot load the CUDA driver '/nonexistent/libcuda.so.1'"}}) {
+    SCOPED_TRACE(c.library);
+    auto peer = Peer("peer", "0", {{"VMMIPC_CUDA_LIBRARY", c.library}});
+    const std::string not_supported = ErrPrefix(CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT_TRUE(StartsWith(peer->Call("alloc_vmm a " + Hex(kChunk) + " 1"), not_supported));
+    EXPECT_TRUE(StartsWith(peer->Call("reserve " + Hex(kChunk)), not_supported));
+    EXPECT_TRUE(StartsWith(peer->Call("get " + Hex(kZoneBase)), not_supported));
+    EXPECT_TRUE(StartsWith(peer->Call("open " + zeros), not_supported));
+    EXPECT_EQ(peer->Call("init"), "ok");  // alive, and the unhooked driver still works
+    const std::string log = Log(*peer);
+    EXPECT_NE(log.find(c.log), std::string::npos) << log;
+    size_t errors = 0;
+    for (size_t at = log.find("] error: "); at != std::string::npos;
+         at = log.find("] error: ", at + 1))
+      ++errors;
+    EXPECT_EQ(errors, 1u) << log;
+  }
+}
+
 // --- concurrency ------------------------------------------------------------------------------
 
 // "seed:size:hex" of a buffer, as thread_opens takes it.

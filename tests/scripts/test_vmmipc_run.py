@@ -82,9 +82,11 @@ class ConfigTableTest(unittest.TestCase):
         self.assertEqual(parse(" 64m "), 64 << 20)
         self.assertEqual(parse("0x10"), 16)
         self.assertEqual(parse("0x300000000000"), 0x300000000000)
-        self.assertEqual(parse("010"), 8)  # strtoull base 0: octal
+        self.assertEqual(parse("010"), 10)  # decimal: a leading zero is not octal
+        self.assertEqual(parse("08"), 8)
+        self.assertEqual(parse("010T"), 10 << 40)
         for bad in ("", "-1", "+1", "12Q", "1TT", "0xZZ", "99999999999999999999", "20000000T",
-                    "08"):
+                    "0x", "0x0x10"):
             with self.assertRaises(ValueError, msg=bad):
                 parse(bad)
 
@@ -108,6 +110,38 @@ class ConfigTableTest(unittest.TestCase):
         self.assertIn("VMMIPC_TIMEOUT_MS='0' is ignored: must be between 1 and 3600000", text)
         self.assertIn("VMMIPC_ZONE_BASE='0x300000000001' is ignored: must be a multiple", text)
         self.assertIn("VMMIPC_LOGLEVEL is not a vmmipc variable", text)
+
+    def test_layout_is_settled_like_the_library(self):
+        # params_test.cc's ParamsLayout cases: the same values, the same outcome.
+        config = run_module.Config({"VMMIPC_ZONE_SLOTS": "2",
+                                    "VMMIPC_SLOT_SIZE": "0x8000000002000000"})
+        self.assertEqual((config["VMMIPC_ZONE_SLOTS"], config["VMMIPC_SLOT_SIZE"]), (8, 1 << 40))
+        self.assertIn("the import zone (slots x slot size) overflows 64 bits",
+                      "\n".join(config.warnings))
+        config = run_module.Config({"VMMIPC_ZONE_BASE": "0x7f0000000000",
+                                    "VMMIPC_ZONE_FALLBACK_BASE": "0x340000000000",
+                                    "VMMIPC_ARENA_SIZE": "2T"})
+        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x300000000000)
+        self.assertEqual(config["VMMIPC_ZONE_FALLBACK_BASE"], 0x600000000000)
+        self.assertEqual(config["VMMIPC_ARENA_SIZE"], 1 << 40)
+        text = "\n".join(config.warnings)
+        self.assertIn("VMMIPC_ZONE_BASE=0x7f0000000000 is ignored: the import zone "
+                      "[0x7f0000000000, +8 TiB) ends past 0x800000000000", text)
+        self.assertIn("overlaps the import zone [0x300000000000, +8 TiB); the default "
+                      "0x600000000000 is used", text)
+        config = run_module.Config({"VMMIPC_ZONE_SLOTS": "100",
+                                    "VMMIPC_ZONE_BASE": "0x100000000000"})
+        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x100000000000)
+        self.assertEqual(config["VMMIPC_ZONE_FALLBACK_BASE"], 0)
+        self.assertFalse(config["VMMIPC_ARENA"])
+        self.assertEqual(config.layout_off, {"fallback", "arena"})
+        config = run_module.Config({"VMMIPC_SLOT_SIZE": "512G"})
+        self.assertFalse(config["VMMIPC_ARENA"])
+        self.assertEqual(run_module.Config({"VMMIPC_ZONE_BASE": "0x1000000000",
+                                            "VMMIPC_SLOT_SIZE": "0x400000000",
+                                            "VMMIPC_ZONE_FALLBACK_BASE": "0x4000000000",
+                                            "VMMIPC_ARENA_BASE": "0x6800000000",
+                                            "VMMIPC_ARENA_SIZE": "0x400000000"}).warnings, [])
 
     def test_rank_falls_back_like_the_library(self):
         def rank(env):
@@ -241,8 +275,10 @@ class CheckWithoutDriverTest(unittest.TestCase):
         result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
                                             VMMIPC_ARENA_BASE="0x300000000000",
                                             LOCAL_RANK="9"))
-        self.assertIn("the import zone [0x300000000000, +8 TiB) overlaps the export arena",
-                      result.stdout)
+        self.assertIn("VMMIPC_ARENA_BASE=0x300000000000 and VMMIPC_ARENA_SIZE=0x10000000000 is "
+                      "ignored: the export arena [0x300000000000, +1 TiB) overlaps the import "
+                      "zone [0x300000000000, +8 TiB); the default 0x200000000000 and "
+                      "0x10000000000 is used", result.stdout)
         self.assertIn("[WARN] rank            9 (from LOCAL_RANK) is not below VMMIPC_ZONE_SLOTS=8",
                       result.stdout)
         self.assertTrue(result.stdout.rstrip().endswith("(and 2 warnings above)"), result.stdout)
@@ -285,19 +321,31 @@ class CheckOnSimulatedDriverTest(unittest.TestCase):
     def test_an_unreservable_zone_falls_back(self):
         # Not the default fallback 0x600000000000: in a sanitized build that is where
         # AddressSanitizer's allocator lives (the simulator is sanitized there too).
-        code, out = self.check(VMMIPC_ZONE_BASE="0x7f0000000000",
-                               VMMIPC_ZONE_FALLBACK_BASE="0x400000000000")
-        self.assertIn("[WARN] import zone     0x7f0000000000 + 8 x 1 TiB: cannot be reserved: "
+        # The probe's first reservation is the zone's: the simulator fails it.
+        code, out = self.check(VMMIPC_ZONE_FALLBACK_BASE="0x400000000000",
+                               SIMCUDA_FAIL="cuMemAddressReserve:1:2")
+        self.assertIn("[WARN] import zone     0x300000000000 + 8 x 1 TiB: cannot be reserved: "
                       "CUDA_ERROR_OUT_OF_MEMORY", out)
         self.assertIn("[  ok] fallback zone   0x400000000000", out)
-        self.assertIn("the import zone 0x7f0000000000 cannot be had; the fallback 0x400000000000 "
+        self.assertIn("the import zone 0x300000000000 cannot be had; the fallback 0x400000000000 "
                       "is used", out)
 
     def test_no_zone_at_all_means_best_effort(self):
-        code, out = self.check(VMMIPC_ZONE_BASE="0x7f0000000000", VMMIPC_ZONE_FALLBACK_BASE="0")
+        code, out = self.check(VMMIPC_ZONE_FALLBACK_BASE="0",
+                               SIMCUDA_FAIL="cuMemAddressReserve:1:2")
         self.assertIn("fallback zone   disabled", out)
         self.assertIn("neither import zone can be reserved: peer memory is placed best-effort",
                       out)
+
+    def test_a_layout_without_room_turns_parts_off(self):
+        code, out = self.check(VMMIPC_ZONE_SLOTS="100", VMMIPC_ZONE_BASE="0x100000000000",
+                               LOCAL_RANK="0")
+        self.assertIn("import zone     0x100000000000 + 100 x 1 TiB", out)
+        self.assertIn("fallback zone   off: the layout has no room for it", out)
+        self.assertIn("export arena    off: the layout has no room for it", out)
+        self.assertIn("VMMIPC_ARENA_BASE=0x200000000000 and VMMIPC_ARENA_SIZE=0x10000000000 (the "
+                      "default): the export arena [0x200000000000, +1 TiB) overlaps the import "
+                      "zone [0x100000000000, +100 TiB); export arena off", out)
 
 
 def main():

@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <vector>
 
 namespace vmmipc::config {
 namespace {
@@ -99,6 +100,230 @@ TEST(Params, SizeParserRejectsJunk) {
   EXPECT_EQ(v, 16u);
   for (const char* bad : {"", "-1", "12Q", "1TT", "0xZZ", "99999999999999999999", "20000000T"})
     EXPECT_FALSE(ParseSize(bad, &v)) << bad;
+}
+
+// Sizes are decimal unless they start with 0x: a leading zero is not octal
+// (strtoull's base 0 read "010T" as 8 TiB).
+TEST(Params, SizesWithALeadingZeroAreDecimal) {
+  uint64_t v = 0;
+  EXPECT_TRUE(ParseSize("010T", &v));
+  EXPECT_EQ(v, 10ull << 40);
+  EXPECT_TRUE(ParseSize("010", &v));
+  EXPECT_EQ(v, 10u);
+  EXPECT_TRUE(ParseSize("08", &v));  // not even valid octal
+  EXPECT_EQ(v, 8u);
+  EXPECT_TRUE(ParseSize("0", &v));
+  EXPECT_EQ(v, 0u);
+  EXPECT_TRUE(ParseSize("0X1f", &v));
+  EXPECT_EQ(v, 31u);
+  for (const char* bad : {"0x", "0b101", "0o17", "1.5G", "0x-1", "0x0x10", "0x 1", "- 1"})
+    EXPECT_FALSE(ParseSize(bad, &v)) << bad;
+  EXPECT_EQ(ParseWith({{"VMMIPC_ZONE_BASE", "048T"}}).zone_base, 48ull << 40);
+}
+
+// --- address layout -------------------------------------------------------------------------
+
+// Parses `env` and returns what was logged (warnings and above) meanwhile.
+std::string ParseLogged(std::map<std::string, std::string> env, Params* out) {
+  log::SetLevel(log::Level::kWarn);
+  ::testing::internal::CaptureStderr();
+  *out = ParseWith(std::move(env));
+  return ::testing::internal::GetCapturedStderr();
+}
+
+// What Parse promises of every layout it returns.
+void ExpectSoundLayout(const Params& p, const std::string& context) {
+  SCOPED_TRACE(context);
+  uint64_t zone = 0;
+  ASSERT_FALSE(__builtin_mul_overflow(static_cast<uint64_t>(p.zone_slots), p.slot_size, &zone));
+  ASSERT_LE(zone, kUserAddressEnd);
+  struct Part {
+    const char* what;
+    uint64_t base, size;
+  };
+  std::vector<Part> parts;
+  if (p.zone_base != 0) parts.push_back({"zone", p.zone_base, zone});
+  if (p.zone_fallback_base != 0) parts.push_back({"fallback", p.zone_fallback_base, zone});
+  if (p.arena) {
+    EXPECT_LE(p.arena_size, p.slot_size);
+    parts.push_back({"arena", p.arena_base, p.arena_size});
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_LE(parts[i].size, kUserAddressEnd) << parts[i].what;
+    EXPECT_LE(parts[i].base, kUserAddressEnd - parts[i].size) << parts[i].what;
+    for (size_t j = i + 1; j < parts.size(); ++j)
+      EXPECT_FALSE(parts[i].base < parts[j].base + parts[j].size &&
+                   parts[j].base < parts[i].base + parts[i].size)
+          << parts[i].what << " overlaps " << parts[j].what;
+  }
+}
+
+// The review's case: 2 x 0x8000000002000000 wrapped to a 64 MiB zone, so rank
+// 1's slot began 2^63 + 32 MiB past the base and imports landed elsewhere.
+TEST(ParamsLayout, ZoneSizeThatOverflowsFallsBackToTheDefaultGeometry) {
+  Params p;
+  std::string log =
+      ParseLogged({{"VMMIPC_ZONE_SLOTS", "2"}, {"VMMIPC_SLOT_SIZE", "0x8000000002000000"}}, &p);
+  EXPECT_EQ(p.zone_slots, 8);
+  EXPECT_EQ(p.slot_size, 1ull << 40);
+  EXPECT_NE(log.find("ignoring VMMIPC_ZONE_SLOTS=2 and VMMIPC_SLOT_SIZE=0x8000000002000000: the "
+                     "import zone (slots x slot size) overflows 64 bits; using the defaults 8 x "
+                     "0x10000000000"),
+            std::string::npos)
+      << log;
+  ExpectSoundLayout(p, "overflow");
+  // No wrap-around, but more than the whole user address space.
+  log = ParseLogged({{"VMMIPC_ZONE_SLOTS", "65534"}}, &p);
+  EXPECT_EQ(p.zone_slots, 8);
+  EXPECT_NE(log.find("more than the 47-bit user address space"), std::string::npos) << log;
+}
+
+TEST(ParamsLayout, ZonePastTheTopOfUserSpaceUsesTheDefaultBase) {
+  for (const char* base : {"0x7f0000000000", "0xfffffffffe000000", "0x800000000000"}) {
+    Params p;
+    const std::string log = ParseLogged({{"VMMIPC_ZONE_BASE", base}}, &p);
+    EXPECT_EQ(p.zone_base, 0x300000000000ull) << base;
+    EXPECT_NE(
+        log.find(std::string("ignoring VMMIPC_ZONE_BASE=") + base + ": the import zone [" + base +
+                 ", +0x80000000000) ends past "
+                 "0x800000000000, the top of the 47-bit user address space; using the "
+                 "default 0x300000000000"),
+        std::string::npos)
+        << log;
+    ExpectSoundLayout(p, base);
+  }
+}
+
+TEST(ParamsLayout, PartsWhoseDefaultsDoNotFitEitherAreTurnedOff) {
+  // 100 slots of 1 TiB fit from 16 TiB, but then neither the fallback zone
+  // nor the arena can go anywhere of their defaults.
+  Params p;
+  std::string log =
+      ParseLogged({{"VMMIPC_ZONE_SLOTS", "100"}, {"VMMIPC_ZONE_BASE", "0x100000000000"}}, &p);
+  EXPECT_EQ(p.zone_base, 0x100000000000ull);
+  EXPECT_EQ(p.zone_slots, 100);
+  EXPECT_EQ(p.zone_fallback_base, 0u);
+  EXPECT_FALSE(p.arena);
+  EXPECT_NE(log.find("VMMIPC_ZONE_FALLBACK_BASE=0x600000000000 (the default): the fallback zone "
+                     "[0x600000000000, +0x640000000000) ends past"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("; no fallback zone"), std::string::npos) << log;
+  EXPECT_NE(log.find("VMMIPC_ARENA_BASE=0x200000000000 and VMMIPC_ARENA_SIZE=0x10000000000 (the "
+                     "default): the export arena [0x200000000000, +0x10000000000) overlaps the "
+                     "import zone [0x100000000000, +0x640000000000); export arena off"),
+            std::string::npos)
+      << log;
+  ExpectSoundLayout(p, "100 slots at 16 TiB");
+  // The zone itself: its default base does not fit 100 slots either.
+  log = ParseLogged({{"VMMIPC_ZONE_SLOTS", "100"}, {"VMMIPC_ZONE_BASE", "0x500000000000"}}, &p);
+  EXPECT_EQ(p.zone_base, 0u);
+  EXPECT_NE(log.find("ignoring VMMIPC_ZONE_BASE=0x500000000000: the import zone [0x500000000000, "
+                     "+0x640000000000) ends past"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the default 0x300000000000 does not fit either (the import zone "
+                     "[0x300000000000, +0x640000000000) ends past"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("; no import zone at VMMIPC_ZONE_BASE"), std::string::npos) << log;
+  ExpectSoundLayout(p, "100 slots at 80 TiB");
+}
+
+TEST(ParamsLayout, FallbackZoneMustNotOverlapTheZone) {
+  Params p;
+  const std::string log = ParseLogged({{"VMMIPC_ZONE_FALLBACK_BASE", "0x340000000000"}}, &p);
+  EXPECT_EQ(p.zone_fallback_base, 0x600000000000ull);
+  EXPECT_NE(log.find("ignoring VMMIPC_ZONE_FALLBACK_BASE=0x340000000000: the fallback zone "
+                     "[0x340000000000, +0x80000000000) overlaps the import zone "
+                     "[0x300000000000, +0x80000000000); using the default 0x600000000000"),
+            std::string::npos)
+      << log;
+  // 0 still means no fallback zone, without a word.
+  EXPECT_EQ(ParseLogged({{"VMMIPC_ZONE_FALLBACK_BASE", "0"}}, &p), "");
+  EXPECT_EQ(p.zone_fallback_base, 0u);
+}
+
+TEST(ParamsLayout, ArenaMustFitASlotAndOverlapNeitherZone) {
+  Params p;
+  // Inside the import zone: the arena goes back to its default place.
+  std::string log = ParseLogged({{"VMMIPC_ARENA_BASE", "0x300000000000"}}, &p);
+  EXPECT_TRUE(p.arena);
+  EXPECT_EQ(p.arena_base, 0x200000000000ull);
+  EXPECT_NE(log.find("ignoring VMMIPC_ARENA_BASE=0x300000000000 and VMMIPC_ARENA_SIZE="
+                     "0x10000000000: the export arena [0x300000000000, +0x10000000000) overlaps "
+                     "the import zone [0x300000000000, +0x80000000000); using the default "
+                     "0x200000000000 and 0x10000000000"),
+            std::string::npos)
+      << log;
+  // Inside the fallback zone, and past the top.
+  EXPECT_EQ(ParseWith({{"VMMIPC_ARENA_BASE", "0x600000000000"}}).arena_base, 0x200000000000ull);
+  EXPECT_EQ(ParseWith({{"VMMIPC_ARENA_BASE", "0x7fffffe00000"}}).arena_base, 0x200000000000ull);
+  // Larger than a slot: the default size.
+  log = ParseLogged({{"VMMIPC_ARENA_SIZE", "2T"}}, &p);
+  EXPECT_TRUE(p.arena);
+  EXPECT_EQ(p.arena_size, 1ull << 40);
+  EXPECT_NE(log.find("the export arena's size 0x20000000000 is larger than VMMIPC_SLOT_SIZE "
+                     "(0x10000000000)"),
+            std::string::npos)
+      << log;
+  // Slots smaller than the default arena: no arena at all.
+  log = ParseLogged({{"VMMIPC_SLOT_SIZE", "512G"}}, &p);
+  EXPECT_FALSE(p.arena);
+  EXPECT_NE(log.find("(the default): the export arena's size 0x10000000000 is larger than "
+                     "VMMIPC_SLOT_SIZE (0x8000000000), so it could not mirror into one importer "
+                     "slot; export arena off"),
+            std::string::npos)
+      << log;
+  // An arena that is off anyway is not checked.
+  EXPECT_EQ(ParseLogged({{"VMMIPC_ARENA", "0"}, {"VMMIPC_ARENA_BASE", "0x300000000000"}}, &p), "");
+  EXPECT_EQ(p.arena_base, 0x300000000000ull);
+}
+
+// The layout of the ThreadSanitizer stage (.ci/run), and the defaults, are kept as they are.
+TEST(ParamsLayout, SoundLayoutsAreKeptWithoutAWord) {
+  Params p;
+  EXPECT_EQ(ParseLogged({{"VMMIPC_ZONE_BASE", "0x1000000000"},
+                         {"VMMIPC_SLOT_SIZE", "0x400000000"},
+                         {"VMMIPC_ZONE_SLOTS", "8"},
+                         {"VMMIPC_ZONE_FALLBACK_BASE", "0x4000000000"},
+                         {"VMMIPC_ARENA_BASE", "0x6800000000"},
+                         {"VMMIPC_ARENA_SIZE", "0x400000000"}},
+                        &p),
+            "");
+  EXPECT_EQ(p.zone_base, 0x1000000000ull);
+  EXPECT_EQ(p.zone_fallback_base, 0x4000000000ull);
+  EXPECT_EQ(p.arena_base, 0x6800000000ull);
+  EXPECT_TRUE(p.arena);
+  EXPECT_EQ(ParseLogged({}, &p), "");
+  ExpectSoundLayout(p, "defaults");
+}
+
+// Every combination of troublesome values ends in a sound layout.
+TEST(ParamsLayout, EveryCombinationEndsSound) {
+  log::SetLevel(log::Level::kOff);
+  const char* slots[] = {"1", "2", "8", "100", "65534"};
+  const char* slot_sizes[] = {"2M", "512G", "1T", "0x8000000002000000", "0x7ffffffffe00000"};
+  const char* bases[] = {"0", "0x200000000000", "0x300000000000", "0x7fffffe00000",
+                         "0xffffffffffe00000"};
+  const char* arena_sizes[] = {"2M", "1T", "2T", "0xffffffffffe00000"};
+  for (const char* s : slots)
+    for (const char* ss : slot_sizes)
+      for (const char* zb : bases)
+        for (const char* fb : bases)
+          for (const char* ab : bases)
+            for (const char* as : arena_sizes) {
+              const Params p = ParseWith({{"VMMIPC_ZONE_SLOTS", s},
+                                          {"VMMIPC_SLOT_SIZE", ss},
+                                          {"VMMIPC_ZONE_BASE", zb},
+                                          {"VMMIPC_ZONE_FALLBACK_BASE", fb},
+                                          {"VMMIPC_ARENA_BASE", ab},
+                                          {"VMMIPC_ARENA_SIZE", as}});
+              ExpectSoundLayout(p, fmt::format("{} {} {} {} {} {}", s, ss, zb, fb, ab, as));
+              if (::testing::Test::HasFatalFailure() || ::testing::Test::HasNonfatalFailure())
+                return;
+            }
+  log::SetLevel(log::Level::kWarn);
 }
 
 // docs/configuration.md lists every parameter with its default, and nothing else.
