@@ -61,8 +61,8 @@ const char* Invalid(const Params& p, const char* name) {
       (p.export_fd_cache < 1 || p.export_fd_cache > 1000000))
     return "must be between 1 and 1000000";
   if (!strcmp(name, "VMMIPC_LISTENER_THREADS") &&
-      (p.listener_threads < 0 || p.listener_threads > 64))
-    return "must be between 0 and 64";
+      (p.listener_threads < 1 || p.listener_threads > 64))
+    return "must be between 1 and 64";
   return nullptr;
 }
 

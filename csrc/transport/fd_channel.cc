@@ -224,7 +224,8 @@ IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
                      const Deadline& deadline, int stop_fd) {
   *out = PeekedMessage{};
   while (true) {
-    if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
+    // Try first, wait only when nothing is queued: with an expired deadline
+    // this is one non-blocking look (the listener's poll thread uses that).
     iovec iov{buffer.data(), buffer.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -233,8 +234,10 @@ IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
     // the message, and MSG_CTRUNC tells us they are there.
     const ssize_t n = ::recvmsg(fd, &msg, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return FromErrno(errno);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return FromErrno(errno);
+      if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
+      continue;
     }
     out->carries_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
     out->truncated = (msg.msg_flags & MSG_TRUNC) != 0;

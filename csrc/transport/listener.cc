@@ -65,6 +65,7 @@ struct Listener::Impl {
   // stopping. Never held across I/O or the handler.
   struct Job {
     PendingRequest request;
+    ServeReply reply;            // prepared on the poll thread: only to be sent
     std::function<void()> task;  // set instead of a request for Post()
   };
   std::mutex jobs_mutex;
@@ -80,6 +81,7 @@ struct Listener::Impl {
   void Run() noexcept;
   void Work() noexcept;
   void Dispatch(Job job) noexcept;
+  void Answer(PendingRequest request) noexcept;
   void Stop() noexcept;
   void Abandon() noexcept;
   void UnlinkOwnPath() noexcept;
@@ -146,26 +148,15 @@ void Listener::Impl::Run() noexcept {
     }
     if (pfds[0].revents != 0) break;
     // Requests first (their peers are waiting), then the deadlines, then new peers.
-    // With no workers (max_workers 0), the first request ready in a round is
-    // answered right here, saving a thread wake-up per open, at the price of
-    // a slow answer holding up the rest; any other request ready in the same
-    // round still goes to a worker.
     std::vector<Connection> still_waiting;
     still_waiting.reserve(waiting.size());
-    PendingRequest inline_request;
-    bool have_inline = false;
     for (size_t i = 0; i < waiting.size(); ++i) {
       Connection& c = waiting[i];
       if (n > 0 && pfds[i + 2].revents != 0) {
         PendingRequest request;
         const ReadOutcome outcome = ReadRequest(c, context, &request);
         if (outcome == ReadOutcome::kReady) {
-          if (!have_inline && options.max_workers == 0) {
-            inline_request = std::move(request);
-            have_inline = true;
-          } else {
-            Dispatch(Job{std::move(request), nullptr});
-          }
+          Answer(std::move(request));
           continue;
         }
         if (outcome == ReadOutcome::kDone) continue;
@@ -177,7 +168,6 @@ void Listener::Impl::Run() noexcept {
       still_waiting.push_back(std::move(c));
     }
     waiting = std::move(still_waiting);
-    if (have_inline) AnswerRequest(std::move(inline_request), context);
     if (n <= 0 || !accepting || pfds[1].revents == 0) continue;
     // Accept everything queued. Non-blocking: a connection that went away
     // between poll and accept must not park the thread where Stop() cannot
@@ -194,12 +184,40 @@ void Listener::Impl::Run() noexcept {
         break;
       }
       Connection connection;
-      if (StartConnection(ScopedFd(fd), context, &connection))
-        waiting.push_back(std::move(connection));
+      if (!StartConnection(ScopedFd(fd), context, &connection)) continue;
+      // The importer sends its request right after connecting: it is often
+      // queued already, and reading it now saves a poll round.
+      PendingRequest request;
+      switch (ReadRequest(connection, context, &request)) {
+        case ReadOutcome::kReady:
+          Answer(std::move(request));
+          break;
+        case ReadOutcome::kDone:
+          break;
+        case ReadOutcome::kWaiting:
+          waiting.push_back(std::move(connection));
+          break;
+      }
     }
   }
 stopped:
   for (Connection& c : waiting) CloseConnection(std::move(c.fd));
+}
+
+// Answers on the poll thread: the handler here (one export per chunk at
+// most, ~35 us, or a dup), and the reply too when it is one message, which a
+// fresh connection's socket buffer always takes at once. A handoff to a
+// worker would add a thread wake-up to every open (measured on the H200:
+// ~80 us per open). Longer replies are sent by a worker, since their sends
+// may wait on a peer that does not read.
+void Listener::Impl::Answer(PendingRequest request) noexcept {
+  ServeReply reply;
+  if (!PrepareReply(request, context, &reply)) return;
+  if (ReplyFitsOneMessage(reply)) {
+    SendReply(std::move(request), std::move(reply), context);
+    return;
+  }
+  Dispatch(Job{std::move(request), std::move(reply), nullptr});
 }
 
 void Listener::Impl::Dispatch(Job job) noexcept {
@@ -207,14 +225,13 @@ void Listener::Impl::Dispatch(Job job) noexcept {
     std::unique_lock lock(jobs_mutex);
     if (stopping) return;  // the job's connection closes with it
     jobs.push_back(std::move(job));
-    if (idle_workers == 0 &&
-        workers.size() < static_cast<size_t>(std::max(options.max_workers, 1))) {
+    if (idle_workers == 0 && workers.size() < static_cast<size_t>(options.max_workers)) {
       try {
         workers.push_back(StartQuietThread("vmmipc-serve", [this] { Work(); }));
       } catch (const std::exception& e) {
         if (workers.empty()) {
           VMMIPC_LOG_ERROR(
-              "listener {}: cannot start a worker thread: {}; answering on the "
+              "listener {}: cannot start a worker thread: {}; sending on the "
               "poll thread",
               address.display, e.what());
           Job inline_job = std::move(jobs.back());
@@ -223,7 +240,7 @@ void Listener::Impl::Dispatch(Job job) noexcept {
           if (inline_job.task)
             inline_job.task();
           else
-            AnswerRequest(std::move(inline_job.request), context);
+            SendReply(std::move(inline_job.request), std::move(inline_job.reply), context);
           return;
         }
       }
@@ -252,7 +269,7 @@ void Listener::Impl::Work() noexcept {
         VMMIPC_LOG_ERROR("listener {}: a posted task threw", address.display);
       }
     } else {
-      AnswerRequest(std::move(job.request), context);
+      SendReply(std::move(job.request), std::move(job.reply), context);
     }
     lock.lock();
   }
@@ -402,7 +419,7 @@ Listener::Listener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Listener::~Listener() = default;  // ~Impl stops the thread
 
 void Listener::Post(std::function<void()> task) {
-  if (impl_ && task) impl_->Dispatch(Impl::Job{PendingRequest{}, std::move(task)});
+  if (impl_ && task) impl_->Dispatch(Impl::Job{PendingRequest{}, ServeReply{}, std::move(task)});
 }
 
 void Listener::AbandonAfterFork() noexcept {

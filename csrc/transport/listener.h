@@ -3,14 +3,16 @@
 // connections and reads their requests, many at once and without blocking,
 // so that a silent or slow peer delays nobody else; it checks the peer's uid
 // (SO_PEERCRED) and the request's MAC (proof the peer holds this process's
-// token). Authenticated requests go to a small pool of workers (started as
-// needed, up to max_workers); with max_workers 0 the first request of each
-// poll round is answered on the poll thread itself and only the others go to
-// one worker. Answering asks the handler for the chunks and sends them back
-// in batches with their fds (SCM_RIGHTS), MAC'd so the client knows it talks
-// to the real exporter. No thread needs a CUDA context of its own
-// (core's handler sets what it needs). Every socket wait is bounded by the
-// timeout; the kernel is asked to refuse fds sent to us (SO_PASSRIGHTS).
+// token). It also answers them when the reply is one message (a thread
+// hand-off costs a wake-up per open); longer replies, whose sends may wait
+// on a peer that does not read, go to a small pool of workers (started as
+// needed, up to max_workers), as do tasks posted with Post(). Answering asks
+// the handler for the chunks and sends them back in batches with their fds
+// (SCM_RIGHTS), MAC'd so the client knows it talks to the real exporter. No
+// thread needs a CUDA context of its own (core's handler sets what it
+// needs). Every socket wait is bounded by the timeout; the kernel is asked
+// to refuse fds sent to us (SO_PASSRIGHTS). The handler runs on the poll
+// thread: a driver call that hangs there holds up every peer.
 #pragma once
 
 #include <sys/types.h>
@@ -55,7 +57,7 @@ struct ListenerOptions {
   uint32_t pid = 0;        // this process's pid as it appears in handles
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // per connection: receive, send
-  int max_workers = 4;     // threads answering requests, started as needed; 0: see above
+  int max_workers = 4;     // worker threads (at least 1), started as needed
   ListenerEvents events;
 };
 

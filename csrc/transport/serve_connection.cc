@@ -155,7 +155,7 @@ void SendGrants(const PendingRequest& p, const ServeContext& context,
 ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out) {
   std::vector<uint8_t> buffer(kRequestBufferSize);
   PeekedMessage message;
-  const IoResult io = PeekMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(1));
+  const IoResult io = PeekMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(0));
   if (io.status == IoStatus::kTimeout) return ReadOutcome::kWaiting;
   const bool same_user = c.peer.uid == context.uid;
   if (!io.ok()) {
@@ -227,33 +227,28 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   return ReadOutcome::kReady;
 }
 
-void Answer(PendingRequest& p, const ServeContext& context) {
+// The handler's reply, checked; false when a refusal was sent instead.
+bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) {
   auto refuse = [&](RefuseReason reason, const std::string& why) {
     SendRefusal(p.fd.get(), context, p.peer, p.nonce, p.request.address, reason, why,
                 context.timeout_ms);
+    return false;
   };
-  ServeReply reply;
   try {
-    reply = (*context.handler)(p.request);
+    *reply = (*context.handler)(p.request);
   } catch (const std::exception& e) {
-    refuse(RefuseReason::kInternal, fmt::format("the handler threw: {}", e.what()));
-    return;
+    return refuse(RefuseReason::kInternal, fmt::format("the handler threw: {}", e.what()));
   } catch (...) {
-    refuse(RefuseReason::kInternal, "the handler threw a non-standard exception");
-    return;
+    return refuse(RefuseReason::kInternal, "the handler threw a non-standard exception");
   }
   // From here every fd of the reply is owned by `reply` and closes with it,
   // whether it was sent or not.
-  if (reply.refuse != RefuseReason::kNone) {
-    refuse(reply.refuse, reply.detail.empty() ? "the handler refused" : reply.detail);
-    return;
-  }
+  if (reply->refuse != RefuseReason::kNone)
+    return refuse(reply->refuse, reply->detail.empty() ? "the handler refused" : reply->detail);
   std::string why;
-  if (RefuseReason bad = CheckGrants(&reply.chunks, &why); bad != RefuseReason::kNone) {
-    refuse(bad, why);
-    return;
-  }
-  SendGrants(p, context, reply.chunks);
+  if (RefuseReason bad = CheckGrants(&reply->chunks, &why); bad != RefuseReason::kNone)
+    return refuse(bad, why);
+  return true;
 }
 
 }  // namespace
@@ -302,15 +297,38 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
   Close(std::move(connection.fd), context);
 }
 
-void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept {
+bool PrepareReply(PendingRequest& request, const ServeContext& context,
+                  ServeReply* reply) noexcept {
   try {
-    Answer(request, context);
+    if (Prepare(request, context, reply)) return true;
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
   } catch (...) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
   }
   Close(std::move(request.fd), context);
+  return false;
+}
+
+void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
+  try {
+    SendGrants(request, context, reply.chunks);
+  } catch (const std::exception& e) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
+  } catch (...) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
+  }
+  Close(std::move(request.fd), context);
+}
+
+bool ReplyFitsOneMessage(const ServeReply& reply) noexcept {
+  return reply.chunks.size() <= wire::kMaxChunksPerBatch;
+}
+
+void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept {
+  ServeReply reply;
+  if (PrepareReply(request, context, &reply))
+    SendReply(std::move(request), std::move(reply), context);
 }
 
 void ServeConnection(ScopedFd fd, const ServeContext& context) noexcept {

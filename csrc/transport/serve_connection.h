@@ -4,8 +4,10 @@
 //    peer credentials, then the request, looked at without taking any fd it
 //    carries, checked (uid first, then fds, size and MAC) and only then
 //    consumed; refusals are answered here;
-//  - answering (AnswerRequest, on a worker): the handler, then the MAC'd
-//    reply batches with their fds.
+//  - answering: the handler (PrepareReply), then the MAC'd reply batches with
+//    their fds (SendReply). The listener does both on its poll thread when
+//    the reply is one message, and hands longer replies to a worker, whose
+//    sends may wait on a slow reader.
 // Connections that may still hold a peer's fds are closed through
 // CloseConnection (fd_channel.h), never by a plain close() here.
 // ServeConnection runs both phases on the calling thread (tests, fuzzing).
@@ -66,7 +68,15 @@ ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
                         PendingRequest* out) noexcept;
 // The deadline of `connection` passed without a request: drop it (logged, counted).
 void DropSilent(Connection connection, const ServeContext& context) noexcept;
-// Runs the handler and sends the reply (or its refusal), then closes.
+// Runs the handler and checks its reply. False when a refusal was sent
+// instead (the connection is then closed); true: send `*reply` with SendReply.
+bool PrepareReply(PendingRequest& request, const ServeContext& context, ServeReply* reply) noexcept;
+// Sends the reply's batches with their fds, then closes the connection.
+void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept;
+// True when the reply goes in one message: on a fresh connection whose peer
+// has read nothing yet, that send never waits (the socket buffer holds it).
+bool ReplyFitsOneMessage(const ServeReply& reply) noexcept;
+// PrepareReply, then SendReply.
 void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept;
 
 // Serves `connection` to the end on this thread and closes it. Never throws;
