@@ -354,6 +354,13 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       return nullptr;
     }
     if (!address.abstract && !ClearStalePath(address, error)) return nullptr;
+    // The file bind() creates takes the socket's own mode (minus the umask):
+    // set here, it is 0600 from birth. A chmod by path after bind would follow
+    // a symlink swapped in meanwhile. The uid check is the real one anyway.
+    if (!address.abstract && ::fchmod(impl->listen_fd.get(), 0600) != 0) {
+      *error = fmt::format("listener {}: fchmod: {}", address.display, ErrnoText(errno));
+      return nullptr;
+    }
     if (::bind(impl->listen_fd.get(), address.get(), address.length) != 0) {
       const int e = errno;
       if (e == EADDRINUSE && address.abstract) {
@@ -373,9 +380,6 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
         impl->path_dev = st.st_dev;
         impl->path_ino = st.st_ino;
       }
-      // Defence in depth: the uid check refuses other users anyway, but they
-      // need not even be able to connect.
-      ::chmod(address.path.c_str(), 0600);
     }
     // Nothing we are sent may carry fds: have the kernel refuse them outright
     // where it can (Linux 6.16+); elsewhere serve_connection never takes them.

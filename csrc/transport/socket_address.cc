@@ -1,12 +1,17 @@
-// Naming of exporter sockets. The uid is part of the name so that two users
-// whose processes happen to share a pid (separate pid namespaces, one network
-// namespace) never collide, and a squatter must at least guess it.
+// Naming of exporter sockets, and the check of a socket directory. The uid is
+// part of the name so that two users whose processes happen to share a pid
+// (separate pid namespaces, one network namespace) never collide, and a
+// squatter must at least guess it.
 #include "transport/socket_address.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
+
+#include "common/status.h"
 
 namespace vmmipc::transport {
 
@@ -14,7 +19,7 @@ std::string SocketBaseName(uint32_t uid, uint32_t pid) {
   return fmt::format("vmmipc.{}.{}", uid, pid);
 }
 
-bool MakeSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+bool NameSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
                        SocketAddress* out, std::string* error) {
   *out = SocketAddress{};
   out->sockaddr.sun_family = AF_UNIX;
@@ -46,6 +51,42 @@ bool MakeSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir
   out->path = path;
   out->display = std::move(path);
   return true;
+}
+
+bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error) {
+  auto refuse = [&](const std::string& why) {
+    if (error != nullptr) *error = fmt::format("socket directory '{}' {}", dir, why);
+    return false;
+  };
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return refuse(fmt::format("cannot be used: {}", ErrnoText(errno)));
+  if (!S_ISDIR(st.st_mode)) return refuse("is not a directory");
+  constexpr const char* kDo = "use a directory of your own that only you can write (mode 0700)";
+  if (st.st_uid != uid) {
+    return refuse(fmt::format(
+        "belongs to uid {}, not to this process's uid {}: its owner could create or remove "
+        "socket names in it; {}",
+        st.st_uid, uid, kDo));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    const char* who = (st.st_mode & S_IWGRP) && (st.st_mode & S_IWOTH) ? "group and others"
+                      : (st.st_mode & S_IWOTH)                         ? "others"
+                                                                       : "its group";
+    return refuse(fmt::format(
+        "is writable by {} (mode {:04o}): another user could create socket names in it before "
+        "vmmipc (the sticky bit does not stop that); {}",
+        who, st.st_mode & 07777, kDo));
+  }
+  return true;
+}
+
+bool MakeSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+                       SocketAddress* out, std::string* error) {
+  if (!NameSocketAddress(uid, pid, socket_dir, out, error)) return false;
+  // Checked on every use, not once: the directory can change under a
+  // long-running process, and a stat costs little next to a connection.
+  return out->abstract || CheckSocketDir(socket_dir, uid, error);
 }
 
 }  // namespace vmmipc::transport

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -938,6 +939,43 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   EXPECT_NE(log.find("no request (peer closed the connection)"), std::string::npos);
   usleep(100000);
   EXPECT_EQ(FdsOf(exporter->pid()), exporter_fds) << "the exporter kept a descriptor";
+}
+
+// VMMIPC_SOCKET_DIR must be private to the user: in a directory others can
+// write (/dev/shm and /tmp are mode 1777) another user could create the
+// socket names first. The exporter's listener does not start there, and an
+// importer that finds the directory so does not connect; both say why.
+TEST_F(Fault, SocketDirectoryOthersCanWriteIsRefusedByExporterAndImporter) {
+  char dir_template[] = "/tmp/vmmipc-fault-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::map<std::string, std::string> env = {{"VMMIPC_SOCKET_DIR", dir}};
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
+  {
+    auto exporter = Peer("exporter-in-shared-dir", "0", env);
+    const uint64_t base = VmmBuffer(*exporter, "a", 1, 40);
+    EXPECT_TRUE(
+        StartsWith(exporter->Call("get " + Hex(base)), ErrPrefix(CUDA_ERROR_OPERATING_SYSTEM)));
+    EXPECT_NE(Log(*exporter).find("cannot start the export listener: socket directory '" + dir +
+                                  "' is writable by group and others (mode 1777)"),
+              std::string::npos);
+  }
+  ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+  {
+    auto exporter = Peer("exporter", "0", env);
+    auto importer = Peer("importer", "1", env);
+    const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "b", 2, 41));
+    ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+    EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+    EXPECT_NE(Log(*importer).find("socket directory '" + dir +
+                                  "' is writable by group and others (mode 0777): another user "
+                                  "could create socket names in it"),
+              std::string::npos);
+    ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+    OpenCheckClose(*importer, handle, 2 * kChunk, 41);
+  }
+  // An exporter's socket file outlives it (the next listener of its pid clears it).
+  std::filesystem::remove_all(dir);
 }
 
 // --- resources of the importer ----------------------------------------------------------------

@@ -194,6 +194,15 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(seen["VMMIPC_SOCKET_DIR"], os.path.realpath(directory))
         self.assertEqual(seen["LOCAL_RANK"], "5")  # passed through untouched
 
+    def test_a_socket_dir_others_can_write_is_warned_about(self):
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o1777)
+            result = run(["--lib", self.lib, "--socket-dir", directory, "--", sys.executable,
+                          "-c", "pass"], clean_env())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"--socket-dir {directory} is writable by group and others (mode 1777)",
+                      result.stderr)
+
     def test_without_options_only_the_preload_changes(self):
         seen = self.print_env([], RANK="7")
         self.assertEqual(seen["LD_PRELOAD"], self.lib)
@@ -266,10 +275,21 @@ class CheckWithoutDriverTest(unittest.TestCase):
                       "directory", result.stdout)
         with tempfile.TemporaryDirectory() as directory:
             deep = os.path.join(directory, "d" * 100)
-            os.makedirs(deep)
+            os.makedirs(deep, mode=0o700)
+            os.chmod(deep, 0o700)  # whatever the umask
             result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
                                                 VMMIPC_SOCKET_DIR=deep))
         self.assertIn("is too long: socket paths would reach", result.stdout)
+        # Like /dev/shm: anyone could create the socket names there first.
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o1777)
+            result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
+                                                VMMIPC_SOCKET_DIR=directory))
+        self.assertIn(f"[FAIL] sockets         VMMIPC_SOCKET_DIR={directory} is writable by group "
+                      "and others (mode 1777): another user could create socket names in it",
+                      result.stdout)
+        self.assertIn("belongs to uid 0, not to this process's uid 1",
+                      run_module.socket_dir_problem("/", 1))
 
     def test_layout_problems_are_warned(self):
         result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,

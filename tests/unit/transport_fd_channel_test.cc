@@ -181,7 +181,8 @@ TEST(TransportFdChannel, ConnectToNobody) {
   EXPECT_EQ(r.status, IoStatus::kError);
   EXPECT_EQ(r.error, ECONNREFUSED);
   SocketAddress path_address;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), 0x7ffffff0u, "/nonexistent-dir", &path_address, &error));
+  // Named only: MakeSocketAddress would refuse the missing directory before any connect.
+  ASSERT_TRUE(NameSocketAddress(geteuid(), 0x7ffffff0u, "/nonexistent-dir", &path_address, &error));
   r = ConnectSeqpacket(path_address, Deadline::AfterMs(200), &fd);
   EXPECT_EQ(r.status, IoStatus::kError);
   EXPECT_EQ(r.error, ENOENT);

@@ -734,6 +734,27 @@ TEST_F(TransportListenerFs, LiveSocketOrOtherFileIsNotTaken) {
   ExpectNoFdLeak();
 }
 
+// A directory others can write (/dev/shm, /tmp: mode 1777): another user
+// could have created the name first. The listener does not start there, and
+// the client does not connect there, both saying why.
+TEST_F(TransportListenerFs, DirectoryOthersCanWriteIsRefusedOnBothSides) {
+  const uint32_t pid = FakePid();
+  auto listener = MustStart(Options(pid, 200, dir_), ChunksHandler(1));
+  ASSERT_NE(listener, nullptr);
+  ASSERT_EQ(chmod(dir_.c_str(), 01777), 0);
+  const std::string why = "socket directory '" + dir_ + "' is writable by group and others";
+  FetchResult result = FetchChunks(Request(pid), Client(1000, dir_));
+  EXPECT_EQ(result.status, FetchStatus::kNoExporter);
+  EXPECT_NE(result.detail.find(why), std::string::npos) << result.detail;
+  std::string error;
+  EXPECT_EQ(Listener::Start(Options(FakePid(), 200, dir_), ChunksHandler(1), &error), nullptr);
+  EXPECT_NE(error.find(why), std::string::npos) << error;
+  ASSERT_EQ(chmod(dir_.c_str(), 0700), 0);
+  EXPECT_EQ(FetchChunks(Request(pid), Client(1000, dir_)).status, FetchStatus::kOk);
+  listener.reset();
+  ExpectNoFdLeak();
+}
+
 TEST_F(TransportListener, OtherUidIsRefusedByTheServer) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to setuid a child";
   const uint32_t pid = FakePid();

@@ -1,6 +1,9 @@
 // Socket naming: the abstract name's exact bytes and length, the filesystem
-// path, and the sun_path limit.
+// path, and the sun_path limit; and the socket directory's check.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <string>
@@ -27,13 +30,13 @@ TEST(TransportSocketAddress, AbstractNameHasExactLength) {
 TEST(TransportSocketAddress, FilesystemPath) {
   SocketAddress a;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(7, 9, "/run/vmmipc/", &a, &error)) << error;
+  ASSERT_TRUE(NameSocketAddress(7, 9, "/run/vmmipc/", &a, &error)) << error;
   EXPECT_FALSE(a.abstract);
   EXPECT_EQ(a.path, "/run/vmmipc/vmmipc.7.9.sock");
   EXPECT_EQ(a.display, a.path);
   EXPECT_STREQ(a.sockaddr.sun_path, "/run/vmmipc/vmmipc.7.9.sock");
   EXPECT_EQ(a.length, offsetof(sockaddr_un, sun_path) + a.path.size() + 1);
-  ASSERT_TRUE(MakeSocketAddress(7, 9, "/", &a, &error)) << error;
+  ASSERT_TRUE(NameSocketAddress(7, 9, "/", &a, &error)) << error;
   EXPECT_EQ(a.path, "/vmmipc.7.9.sock");
 }
 
@@ -49,6 +52,94 @@ TEST(TransportSocketAddress, TooLongPathIsAnError) {
   EXPECT_FALSE(
       MakeSocketAddress(4294967295u, 4294967295u, "/" + std::string(100, 'd'), &a, &error));
   EXPECT_NE(error.find("longer"), std::string::npos) << error;
+}
+
+class SocketDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir_template[] = "/tmp/vmmipc-dir-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+  }
+  void TearDown() override {
+    ::unlink((dir_ + "/file").c_str());
+    ::rmdir(dir_.c_str());
+  }
+  std::string dir_;
+};
+
+TEST_F(SocketDir, PrivateDirectoryOfTheUserIsAccepted) {
+  std::string error;
+  for (mode_t mode : {0700, 0755, 0500, 01700}) {
+    ASSERT_EQ(::chmod(dir_.c_str(), mode), 0);
+    EXPECT_TRUE(CheckSocketDir(dir_, geteuid(), &error)) << std::oct << mode << " " << error;
+  }
+  SocketAddress a;
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), 9, dir_ + "/", &a, &error)) << error;
+  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(geteuid(), 9) + ".sock");
+}
+
+TEST_F(SocketDir, DirectoryOthersCanWriteIsRefused) {
+  struct Case {
+    mode_t mode;
+    const char* says;
+  };
+  // 01777 is /dev/shm and /tmp: sticky, yet anyone can create a name first.
+  for (const Case& c : {Case{0777, "is writable by group and others (mode 0777)"},
+                        Case{01777, "is writable by group and others (mode 1777)"},
+                        Case{0703, "is writable by others (mode 0703)"},
+                        Case{0730, "is writable by its group (mode 0730)"}}) {
+    ASSERT_EQ(::chmod(dir_.c_str(), c.mode), 0);
+    std::string error;
+    EXPECT_FALSE(CheckSocketDir(dir_, geteuid(), &error)) << std::oct << c.mode;
+    EXPECT_EQ(error, "socket directory '" + dir_ + "' " + c.says +
+                         ": another user could create socket names in it before vmmipc (the "
+                         "sticky bit does not stop that); use a directory of your own that only "
+                         "you can write (mode 0700)");
+    // Both the listener and the client get their address through this.
+    SocketAddress a;
+    std::string make_error;
+    EXPECT_FALSE(MakeSocketAddress(geteuid(), 9, dir_, &a, &make_error));
+    EXPECT_EQ(make_error, error);
+  }
+}
+
+TEST_F(SocketDir, DirectoryOfAnotherUserIsRefused) {
+  std::string error;
+  EXPECT_FALSE(CheckSocketDir(dir_, geteuid() + 1, &error));
+  EXPECT_NE(error.find("belongs to uid " + std::to_string(geteuid()) +
+                       ", not to this process's "
+                       "uid " +
+                       std::to_string(geteuid() + 1)),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(SocketDir, MissingDirectoryOrFileIsRefused) {
+  std::string error;
+  EXPECT_FALSE(CheckSocketDir(dir_ + "/missing", geteuid(), &error));
+  EXPECT_EQ(error,
+            "socket directory '" + dir_ + "/missing' cannot be used: No such file or directory");
+  const int fd = ::open((dir_ + "/file").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_FALSE(CheckSocketDir(dir_ + "/file", geteuid(), &error));
+  EXPECT_NE(error.find("is not a directory"), std::string::npos) << error;
+  // The abstract namespace has no directory to check.
+  SocketAddress a;
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), 9, "", &a, &error));
+}
+
+TEST_F(SocketDir, SymlinkToAPrivateDirectoryIsFollowed) {
+  const std::string link = dir_ + "/file";  // removed by TearDown
+  char inner_template[] = "/tmp/vmmipc-dir-inner-XXXXXX";
+  ASSERT_NE(mkdtemp(inner_template), nullptr);
+  ASSERT_EQ(::symlink(inner_template, link.c_str()), 0);
+  std::string error;
+  EXPECT_TRUE(CheckSocketDir(link, geteuid(), &error)) << error;
+  ASSERT_EQ(::chmod(inner_template, 0777), 0);
+  EXPECT_FALSE(CheckSocketDir(link, geteuid(), &error));
+  ::rmdir(inner_template);
 }
 
 }  // namespace
