@@ -245,8 +245,24 @@ void ExportAhead(uint64_t address) {
         chunk->base);
 }
 
+// The driver sets its export state up when the process's count of live
+// exported fds goes from 0 to 1 (~600 us) and tears it down when it returns
+// to 0: on the first export, and again whenever every exported chunk was
+// unmapped (a memory saver's pause, buffers freed and made anew). When the
+// cache is empty, get has a worker export its chunk ahead, so the importer
+// does not pay that set-up; at most one such task is in flight, and get
+// itself only reads a counter.
+void WarmIfCold(ProcessState& state, uint64_t address) {
+  if (state.mappings.cached_fd_count() != 0) return;
+  if (state.export_warming.exchange(true, std::memory_order_acq_rel)) return;
+  state.listener->Post([address] {
+    ExportAhead(address);
+    State().export_warming.store(false, std::memory_order_release);
+  });
+}
+
 // Starts the listener on the first export. Caller holds export_mutex.
-CUresult EnsureListenerLocked(ProcessState& state, uint64_t first_address) {
+CUresult EnsureListenerLocked(ProcessState& state) {
   if (state.listener) return CUDA_SUCCESS;
   if (state.listener_failed) return CUDA_ERROR_OPERATING_SYSTEM;
   CUcontext context = nullptr;
@@ -277,7 +293,6 @@ CUresult EnsureListenerLocked(ProcessState& state, uint64_t first_address) {
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
   state.listener_ready.store(true, std::memory_order_release);
-  state.listener->Post([first_address] { ExportAhead(first_address); });
   VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} ({}), listening on {}", VMMIPC_VERSION_STRING,
                   state.rank, params.rank_source, state.listener->address());
   return CUDA_SUCCESS;
@@ -318,7 +333,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   ProcessState& state = State();
   if (!state.listener_ready.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state.export_mutex);
-    if (const CUresult started = EnsureListenerLocked(state, address); started != CUDA_SUCCESS) {
+    if (const CUresult started = EnsureListenerLocked(state); started != CUDA_SUCCESS) {
       stats::Count(stats::Counter::kExportRefusedNoListener);
       return started;
     }
@@ -334,6 +349,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   handle.region_base = region_base;
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
+  WarmIfCold(state, address);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -37,6 +37,7 @@ struct ProcessState {
   std::atomic<bool> listener_ready{false};  // lets get skip export_mutex once started
   void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
   bool listener_failed = false;
+  std::atomic<bool> export_warming{false};  // an export-ahead task is queued (WarmIfCold)
 
   // Export arena: this process's own reservations, carved from one region.
   std::mutex arena_mutex;  // guards the members below

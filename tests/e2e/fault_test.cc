@@ -761,6 +761,30 @@ TEST_F(Fault, StoppedExporterDelaysNeitherOtherOpensNorPointerQueries) {
   kill(stuck->pid(), SIGCONT);
 }
 
+// Issue 11: the exporter keeps one exported fd per served chunk; once every
+// such chunk is unmapped the driver's export state is gone, and a get then
+// exports its chunk ahead on a worker (once), so that the next importer does
+// not pay the driver's set-up. While the cache is warm, get exports nothing.
+TEST_F(Fault, GetWithAColdExportCacheExportsAheadOnce) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "a", 1, 41)), kChunk, 41);
+  ASSERT_EQ(exporter->Call("free_vmm a"), "ok");  // its cached fd closes: the cache is empty
+  const uint64_t b = VmmBuffer(*exporter, "b", 1, 42);
+  const int fds_before_get = FdsOf(exporter->pid());
+  const std::string handle = Handle(*exporter, b);
+  const auto start = Clock::now();
+  while (FdsOf(exporter->pid()) == fds_before_get && MsSince(start) < 3000) usleep(1000);
+  EXPECT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "no export ahead of the first request";
+  OpenCheckClose(*importer, handle, kChunk, 42);
+  EXPECT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "the open did not use it";
+  const uint64_t c = VmmBuffer(*exporter, "c", 1, 43);
+  const int warm = FdsOf(exporter->pid());
+  (void)Handle(*exporter, c);
+  usleep(200000);
+  EXPECT_EQ(FdsOf(exporter->pid()), warm) << "a get with a warm cache exported ahead";
+}
+
 TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
   if (geteuid() != 0) {
     GTEST_SKIP() << "needs root to become another user";
