@@ -130,8 +130,11 @@ bool ParseCommand(const std::string& payload, Command* command,
     return false;
   }
   handles->resize(command->handle_count);
-  std::memcpy(handles->data(), payload.data() + sizeof(Command),
-              command->handle_count * sizeof(CUipcMemHandle));
+  // memcpy of 0 bytes from or to the null data() of an empty vector is still
+  // undefined behaviour (UBSan says so): copy only what there is.
+  if (!handles->empty())
+    std::memcpy(handles->data(), payload.data() + sizeof(Command),
+                command->handle_count * sizeof(CUipcMemHandle));
   return true;
 }
 
@@ -161,10 +164,14 @@ bool ParseReply(const std::string& payload, Reply* reply, std::string* error) {
     return false;
   }
   reply->samples.resize(samples);
-  std::memcpy(reply->samples.data(), payload.data() + sizeof(ReplyHead), samples * sizeof(double));
+  if (samples != 0)
+    std::memcpy(reply->samples.data(), payload.data() + sizeof(ReplyHead),
+                samples * sizeof(double));
   reply->handles.resize(handles);
-  std::memcpy(reply->handles.data(), payload.data() + sizeof(ReplyHead) + samples * sizeof(double),
-              handles * sizeof(CUipcMemHandle));
+  if (handles != 0)
+    std::memcpy(reply->handles.data(),
+                payload.data() + sizeof(ReplyHead) + samples * sizeof(double),
+                handles * sizeof(CUipcMemHandle));
   return true;
 }
 
