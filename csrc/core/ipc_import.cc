@@ -98,7 +98,7 @@ struct Placement {
 // Decides where the run goes: its slot in the zone when the exporter is
 // ranked, the run fits the slot, and nothing else is mapped there (a stale
 // chunk of an earlier generation counts as something else: never aliased).
-// Caller holds the slot's lock when the exporter is ranked.
+// Caller holds the handle's placement lock.
 CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
                   const std::vector<transport::ChunkGrant>& chunks, Placement* placement) {
   const uint64_t run_base = chunks.front().address;
@@ -229,10 +229,9 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   }
   const int64_t fetch_us = MicrosSince(fetch_start);
 
-  // Placement and mapping: under the slot's lock when the exporter is ranked.
-  std::unique_lock<std::mutex> slot_lock;
-  if (h.rank_slot != state::kUnranked)
-    slot_lock = std::unique_lock<std::mutex>(state.slot_mutex(h.rank_slot));
+  // Placement and mapping: under the placement lock of the exporter's slot
+  // (of the exporter itself when it is unranked).
+  std::lock_guard<std::mutex> placement_lock(state.placement_mutex(h.rank_slot, h.pid));
   {
     // Another thread may have opened the same handle while we fetched.
     std::lock_guard<std::mutex> lock(state.import_mutex);
@@ -318,17 +317,18 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   if (!Active()) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   ProcessState& state = State();
-  // The slot of the open being closed, so that its unmaps cannot interleave
-  // with an open placing chunks in the same slot (see process_state.h).
-  std::optional<uint32_t> slot;
+  // The placement lock of the open being closed, so that its unmaps cannot
+  // interleave with an open placing chunks in the same slot (process_state.h).
+  std::optional<state::OpenKey> key;
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     if (state.imports.open_count() == 0) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
-    slot = state.imports.SlotOf(pointer);
+    key = state.imports.KeyOf(pointer);
   }
-  std::unique_lock<std::mutex> slot_lock;
-  if (slot && *slot != state::kUnranked)
-    slot_lock = std::unique_lock<std::mutex>(state.slot_mutex(*slot));
+  std::unique_lock<std::mutex> placement_lock;
+  if (key)
+    placement_lock =
+        std::unique_lock<std::mutex>(state.placement_mutex(key->rank_slot, key->exporter.pid));
   state::CloseResult closed;
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);

@@ -11,6 +11,7 @@
 
 #include "state/arena_carver.h"
 #include "state/chunk_generations.h"
+#include "state/handle_codec.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
 #include "state/vmm_mappings.h"
@@ -50,20 +51,26 @@ struct ProcessState {
   //  - import_mutex guards `imports`. It is held only while the table is read
   //    or written: never across socket I/O or a driver call, so pointer
   //    queries and opens of other exporters never wait behind an open.
-  //  - slot_mutex(slot) serialises the placement and the driver calls (map,
-  //    set access, unmap) of the opens and closes whose chunks lie in one rank
-  //    slot of the zone, so that a chunk being unmapped by a close is never
-  //    probed free and mapped over by an open. Opens of exporters in other
-  //    slots run in parallel; fetching fds from the exporter happens before
-  //    it is taken. Taken before import_mutex, never after it.
-  //  - best-effort placements (private reservations) need no slot lock.
+  //  - placement_mutex(key) serialises the placement and the driver calls
+  //    (map, set access, unmap) of the opens and closes of one rank slot of
+  //    the zone (or, for an unranked exporter, of one exporter), so that a
+  //    chunk being unmapped by a close is never probed free and mapped over
+  //    by an open, and two opens of one handle agree on one pointer. Opens
+  //    of exporters in other slots run in parallel; fetching fds from the
+  //    exporter happens before it is taken. Taken before import_mutex,
+  //    never after it.
   //  - zone_mutex guards the zone's reservation; zone and zone_state never
   //    change once EnsureZone (placement.h) has returned.
   std::mutex import_mutex;
   state::ImportTable imports;
-  static constexpr size_t kSlotLocks = 64;
-  std::mutex slot_mutexes[kSlotLocks];
-  std::mutex& slot_mutex(uint32_t slot) { return slot_mutexes[slot % kSlotLocks]; }
+  static constexpr size_t kPlacementLocks = 64;
+  std::mutex placement_mutexes[kPlacementLocks];
+  // The lock of a handle's placement: its rank slot, or its exporter's pid
+  // when the exporter has no rank (rank_slot is state::kUnranked).
+  std::mutex& placement_mutex(uint32_t rank_slot, uint32_t exporter_pid) {
+    const uint32_t key = rank_slot != state::kUnranked ? rank_slot : exporter_pid;
+    return placement_mutexes[key % kPlacementLocks];
+  }
   std::mutex zone_mutex;
   state::ZoneLayout zone;
   ZoneState zone_state = ZoneState::kUntried;

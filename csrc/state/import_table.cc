@@ -78,10 +78,10 @@ std::vector<MappedChunk> ImportTable::TakeUnused(const std::vector<uint64_t>& ta
   return unused;
 }
 
-std::optional<uint32_t> ImportTable::SlotOf(uint64_t pointer) const {
+std::optional<OpenKey> ImportTable::KeyOf(uint64_t pointer) const {
   auto it = opens_.find(pointer);
   if (it == opens_.end()) return std::nullopt;
-  return it->second.key.rank_slot;
+  return it->second.key;
 }
 
 const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {

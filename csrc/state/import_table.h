@@ -82,9 +82,9 @@ class ImportTable {
   CloseResult Close(uint64_t pointer);
   // Chunks with no users, as left by a failed open: removes and returns them.
   std::vector<MappedChunk> TakeUnused(const std::vector<uint64_t>& targets);
-  // The rank slot of the handle `pointer` was opened from (the lock core
-  // takes for its close); nullopt when no open returned `pointer`.
-  std::optional<uint32_t> SlotOf(uint64_t pointer) const;
+  // The key of the handle `pointer` was opened from (core takes its
+  // placement lock for the close); nullopt when no open returned `pointer`.
+  std::optional<OpenKey> KeyOf(uint64_t pointer) const;
   // The open record whose run contains `address`, for the range queries.
   const OpenRecord* FindByAddress(uint64_t address) const;
 

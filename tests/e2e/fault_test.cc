@@ -785,6 +785,23 @@ TEST_F(Fault, GetWithAColdExportCacheExportsAheadOnce) {
   EXPECT_EQ(FdsOf(exporter->pid()), warm) << "a get with a warm cache exported ahead";
 }
 
+// Opens no longer share one process-wide lock: threads opening one handle
+// at once must still agree on one pointer (the contract: the same handle
+// opened again is the same pointer), for an unranked exporter too, whose
+// placement is not a zone slot. Everything is closed again after.
+TEST_F(Fault, ThreadsOpeningOneHandleAtOnceGetOnePointer) {
+  for (const char* rank : {"0", ""}) {
+    auto exporter = Peer("exporter", rank);
+    auto importer = Peer("importer", "1");
+    const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 51));
+    OpenCheckClose(*importer, handle, 3 * kChunk, 51);  // the zone exists from here on
+    const Resources before = Held(*importer);
+    for (int round = 0; round < 5; ++round)
+      EXPECT_EQ(importer->Call("same_open 8 " + handle), "ok 1") << "rank '" << rank << "'";
+    EXPECT_EQ(Held(*importer), before) << "rank '" << rank << "'";
+  }
+}
+
 TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
   if (geteuid() != 0) {
     GTEST_SKIP() << "needs root to become another user";

@@ -32,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -623,6 +624,36 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
     const int fd = open(a.at(1).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     *reply = fd >= 0 && dup2(fd, STDERR_FILENO) == STDERR_FILENO ? "ok" : "err open";
     if (fd >= 0) close(fd);
+  } else if (cmd == "same_open") {  // nthreads hex: every thread opens one handle at once
+    CUipcMemHandle h = {};
+    const int threads = static_cast<int>(Num(a.at(1)));
+    if (!HexToHandle(a.at(2), &h) || threads < 1 || threads > 64) {
+      *reply = "err bad arguments";
+      return true;
+    }
+    std::vector<CUdeviceptr> pointers(threads, 0);
+    std::vector<CUresult> results(threads, CUDA_SUCCESS);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        cuCtxSetCurrent(g_context);  // a context is per thread
+        ++ready;
+        while (ready < threads) {
+        }
+        results[t] = fns->open(&pointers[t], h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      });
+    for (auto& w : workers) w.join();
+    std::set<CUdeviceptr> distinct;
+    std::string error;
+    for (int t = 0; t < threads; ++t) {
+      if (results[t] != CUDA_SUCCESS) error = Err(results[t]);
+      else distinct.insert(pointers[t]);
+    }
+    // Every open needs its close.
+    for (int t = 0; t < threads; ++t)
+      if (results[t] == CUDA_SUCCESS) fns->close(pointers[t]);
+    *reply = !error.empty() ? error : "ok " + std::to_string(distinct.size());
   } else if (cmd == "thread_opens") {  // nthreads iters seed:size:hex...
     std::vector<SharedBuffer> buffers;
     for (size_t i = 3; i < a.size(); ++i) {
