@@ -111,6 +111,14 @@ ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
   return c;
 }
 
+// The abstract socket name of fake pid `pid` under our uid (empty on failure).
+SocketAddress AbstractAddress(uint32_t pid) {
+  SocketAddress address;
+  std::string error;
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error)) << error;
+  return address;
+}
+
 std::unique_ptr<Listener> MustStart(const ListenerOptions& o, ServeHandler h) {
   std::string error;
   auto l = Listener::Start(o, std::move(h), &error);
@@ -546,9 +554,8 @@ TEST_F(TransportListener, SilentClientDoesNotBlockTheNextOneBeyondTheTimeout) {
   {
     auto listener = MustStart(Options(pid, 200), ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
-    SocketAddress address;
-    std::string error;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const SocketAddress address = AbstractAddress(pid);
+    ASSERT_FALSE(address.display.empty());
     ScopedFd silent;
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
 
@@ -587,9 +594,8 @@ TEST_F(TransportListener, MalformedRequestsAreRefusedAsBadRequest) {
   {
     auto listener = MustStart(Options(pid), ChunksHandler(1, &calls));
     ASSERT_NE(listener, nullptr);
-    SocketAddress address;
-    std::string error;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const SocketAddress address = AbstractAddress(pid);
+    ASSERT_FALSE(address.display.empty());
     const int kBadRequest = static_cast<int>(RefuseReason::kBadRequest);
     // Unknown version (its MAC is not even checked): a MAC'd kBadRequest.
     EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[4] = 2; }), kBadRequest);
@@ -642,9 +648,8 @@ TEST_F(TransportListener, StopIsPromptEvenDuringAConnection) {
   {
     auto listener = MustStart(Options(pid, 5000), ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
-    SocketAddress address;
-    std::string error;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const SocketAddress address = AbstractAddress(pid);
+    ASSERT_FALSE(address.display.empty());
     ScopedFd silent;  // keeps the thread in its 5 s receive wait
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -910,9 +915,8 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
       return r.address == kBase + 32 ? long_reply(r) : short_reply(r);
     });
     ASSERT_NE(listener, nullptr);
-    SocketAddress address;
-    std::string error;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const SocketAddress address = AbstractAddress(pid);
+    ASSERT_FALSE(address.display.empty());
     ScopedFd reader_that_never_reads;
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &reader_that_never_reads).ok());
     wire::Request request;
@@ -940,9 +944,8 @@ TEST_F(TransportListener, ManyPeersAtOnceWithASilentOneAmongThem) {
   {
     auto listener = MustStart(Options(pid, 3000), ChunksHandler(2, &calls));
     ASSERT_NE(listener, nullptr);
-    SocketAddress address;
-    std::string error;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error));
+    const SocketAddress address = AbstractAddress(pid);
+    ASSERT_FALSE(address.display.empty());
     ScopedFd silent;
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
     const auto start = Clock::now();
