@@ -2,7 +2,8 @@
 # gpu-check.sh: the one command for the GPU machine. From the repository root:
 #   bash scripts/gpu-check.sh [OUTDIR]    (OUTDIR: default $OUT if set, else build-gpu/report)
 # Steps: environment, configure + build (build-gpu, Release), ctest -L gpu (the cudart client and
-# its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, benchmarks if built, the
+# its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, spawn workers without a
+# rank variable (tests/python/spawn_slot_check.py), benchmarks if built, the
 # all-to-all registration benchmark (skipped, not failed, when less than 60 s of budget is left).
 # Every step runs whatever happened before it, under `timeout`, inside one time budget
 # (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
@@ -10,7 +11,7 @@
 # Knobs: GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
 # for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1),
 # GPU_CHECK_ALL_TO_ALL_BUDGET_S (180), GPU_CHECK_ALL_TO_ALL_REPS (3), GPU_CHECK_SKIP (comma list of
-# steps not to run: ctest, python, bench, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give
+# steps not to run: ctest, python, spawn, bench, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give
 # the all-to-all step the budget).
 set -u
 
@@ -257,6 +258,39 @@ step_python() {
     "$counts${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
 }
 
+# Workers without a rank variable (tests/python/spawn_slot_check.py): torch.multiprocessing
+# spawn workers on one and two GPUs, with and without CUDA_VISIBLE_DEVICES, two fresh runs
+# each; slots from the GPU, peer pointers and graph-baked pointers identical across runs.
+step_spawn() {
+  banner "spawn workers without a rank variable: slots from the GPU"
+  local log="$OUTDIR/spawn-check.log" t0 rc counts fail result failed_names
+  t0=$(now)
+  : >"$log"
+  if [[ ! -f $LIB ]]; then
+    record "spawn check" FAIL "not run: $LIB was not built" 0
+    return
+  fi
+  { echo "-- the host's GPU list (/proc/driver/nvidia/gpus) --"
+    ls /proc/driver/nvidia/gpus 2>&1
+    echo "-- vmmipc-run --check, no rank variable --"
+    env -u LOCAL_RANK -u RANK -u VMMIPC_RANK scripts/vmmipc-run --lib "$LIB" --check 2>&1 \
+      | grep -E '^\[.*\] (rank|GPU)|^VERDICT'
+  } | tee -a "$log"
+  run_logged "$log" "$(step_limit 300)" env -u LOCAL_RANK -u RANK -u VMMIPC_RANK \
+    LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info python3 tests/python/spawn_slot_check.py
+  rc=$?
+  counts=$(grep -m1 -oE '^SUMMARY spawn_slot_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' "$log" \
+    | cut -d' ' -f3-)
+  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
+  result=$(status_result $rc)
+  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
+  if [[ $rc == 77 ]]; then result=SKIP; fi
+  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
+  failed_names=${failed_names% }
+  record "spawn check" "$result" \
+    "${counts:-no SUMMARY line}${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+}
+
 # ---- BENCHMARKS ------------------------------------------------------------------------------
 # tests/bench/run_bench.sh runs vmmipc_bench with the preload (OUTDIR/bench.json), without it
 # (OUTDIR/bench-nopreload.json) and briefly with VMMIPC_LOG_LEVEL=debug for the library's phase
@@ -379,6 +413,7 @@ step_configure
 step_build
 skipped ctest || step_ctest
 skipped python || step_python
+skipped spawn || step_spawn
 skipped bench || step_bench
 skipped all_to_all || step_all_to_all
 print_summary

@@ -19,12 +19,14 @@ namespace {
 
 std::atomic<int> g_level{static_cast<int>(Level::kWarn)};
 std::atomic<int> g_rank{-1};
+std::atomic<bool> g_rank_from_gpu{false};
 std::atomic<spdlog::logger*> g_logger{nullptr};
 std::mutex g_create_mutex;
 
 std::string Pattern() {
   int rank = g_rank.load(std::memory_order_relaxed);
-  std::string where = rank >= 0 ? fmt::format("rank {}", rank) : std::string("unranked");
+  const char* kind = g_rank_from_gpu.load(std::memory_order_relaxed) ? "gpu slot" : "rank";
+  std::string where = rank >= 0 ? fmt::format("{} {}", kind, rank) : std::string("unranked");
   // %P is evaluated per line, so a forked child logs its own pid.
   return fmt::format("[vmmipc pid %P {}] %l: %v", where);
 }
@@ -97,7 +99,8 @@ const char* LevelName(Level level) {
 void SetLevel(Level level) { g_level.store(static_cast<int>(level), std::memory_order_relaxed); }
 Level GetLevel() { return static_cast<Level>(g_level.load(std::memory_order_relaxed)); }
 
-void SetRank(int rank) {
+void SetRank(int rank, bool from_gpu) {
+  g_rank_from_gpu.store(from_gpu, std::memory_order_relaxed);
   g_rank.store(rank, std::memory_order_relaxed);
   spdlog::logger* logger = g_logger.load(std::memory_order_acquire);
   if (logger != nullptr) {

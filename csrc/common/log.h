@@ -17,8 +17,9 @@ const char* LevelName(Level level);
 
 void SetLevel(Level level);
 Level GetLevel();
-// The rank shown in every line; negative means "no rank".
-void SetRank(int rank);
+// The rank shown in every line ("rank N", or "gpu slot N" for a slot found
+// from the GPU); negative means "no rank".
+void SetRank(int rank, bool from_gpu = false);
 inline bool Enabled(Level level) { return static_cast<int>(level) >= static_cast<int>(GetLevel()); }
 void Write(Level level, std::string_view message) noexcept;
 // Called in a forked child: the parent's sink mutex may be held by a thread

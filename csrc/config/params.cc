@@ -52,6 +52,9 @@ const char* Invalid(const Params& p, const char* name) {
     return "must be between 1 and 3600000";
   if (!strcmp(name, "VMMIPC_RANK") && (p.rank < -1 || p.rank > 0xFFFE))
     return "must be between 0 and 65534 (or -1 for unranked)";
+  if (!strcmp(name, "VMMIPC_RANK_FROM") && p.rank_from != "auto" && p.rank_from != "env" &&
+      p.rank_from != "gpu" && p.rank_from != "off")
+    return "must be auto, env, gpu or off";
   if (!strcmp(name, "VMMIPC_ARENA_BASE") && p.arena_base % (2u << 20) != 0)
     return "must be a multiple of 2 MiB";
   if (!strcmp(name, "VMMIPC_ARENA_SIZE") && (p.arena_size == 0 || p.arena_size % (2u << 20) != 0))
@@ -298,6 +301,12 @@ Params Parse(const EnvLookup& lookup) {
 #undef VMMIPC_PARAM
   // Each value is fine on its own; together they must still form a layout.
   SettleLayout(&params);
+  // The pinned sources first: gpu and off ignore every rank variable.
+  if (params.rank_from == "gpu" || params.rank_from == "off") {
+    params.rank = -1;
+    params.rank_source = "none";
+    return params;
+  }
   // Rank fallbacks: IPC stays within one node, so the local rank is the right slot.
   if (params.rank_source == "none" || params.rank < 0) {
     params.rank_source = "none";

@@ -26,6 +26,8 @@ struct Params {
   bool enable = true;
   log::Level log_level = log::Level::kWarn;
   int64_t rank = -1;
+  std::string rank_from;
+  std::string host_gpus;
   uint64_t zone_base = 0;
   uint64_t zone_fallback_base = 0;
   int64_t zone_slots = 0;
@@ -42,6 +44,16 @@ struct Params {
   int64_t listener_threads = 4;
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
   std::string rank_source = "none";
+
+  // A process with no rank from a variable may get one slot per GPU it
+  // exports from (core/rank_slot.h).
+  bool slot_from_gpu() const { return rank < 0 && (rank_from == "auto" || rank_from == "gpu"); }
+  // The export arena serves processes whose slot is known to be wanted: a rank
+  // from a variable, or VMMIPC_RANK_FROM=gpu (every process here is a GPU
+  // rank). A slot found from the GPU under auto does not turn it on: every
+  // CUDA process would get one, and the arena moves all of a process's VMM
+  // reservations, also in processes that never export.
+  bool arena_wanted() const { return arena && (rank >= 0 || rank_from == "gpu"); }
 };
 
 // The top of the user address space with 4-level paging on x86-64, where the

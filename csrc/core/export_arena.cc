@@ -57,7 +57,7 @@ void EnsureArenaLocked(ProcessState& state) {
 }
 
 bool ArenaApplies(const ProcessState& state, CUdeviceptr address, unsigned long long flags) {
-  return Active() && config::Get().arena && state.rank >= 0 && address == 0 && flags == 0;
+  return Active() && config::Get().arena_wanted() && address == 0 && flags == 0;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "core/export_arena.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
+#include "core/rank_slot.h"
 #include "core/stats.h"
 #include "core/vmm_memory.h"
 #include "driver/real_driver.h"
@@ -293,8 +294,15 @@ CUresult EnsureListenerLocked(ProcessState& state) {
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
   state.listener_ready.store(true, std::memory_order_release);
-  VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} ({}), listening on {}", VMMIPC_VERSION_STRING,
-                  state.rank, params.rank_source, state.listener->address());
+  if (state.rank >= 0)
+    VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} (from {}), listening on {}",
+                    VMMIPC_VERSION_STRING, state.rank, params.rank_source,
+                    state.listener->address());
+  else
+    VMMIPC_LOG_INFO("vmmipc {} exporting: no rank variable, {}, listening on {}",
+                    VMMIPC_VERSION_STRING,
+                    params.slot_from_gpu() ? "slots from the GPU" : fmt::format("unranked (VMMIPC_RANK_FROM={})", params.rank_from),
+                    state.listener->address());
   return CUDA_SUCCESS;
 }
 
@@ -339,7 +347,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
     }
   }
   state::Vmm2Handle handle;
-  handle.rank_slot = state.rank >= 0 ? static_cast<uint16_t>(state.rank) : state::kUnranked;
+  handle.rank_slot = SlotForExport(state, chunk.device);
   handle.pid = state.pid;
   handle.generation = chunk.generation;
   handle.token = state.token;

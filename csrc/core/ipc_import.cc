@@ -91,22 +91,25 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const sta
 
 struct Placement {
   uint64_t run_target = 0;           // importer address of the run's first byte
+  uint32_t zone_slot = state::kNotInZone;  // the slot it went to, if in the zone
   uint64_t private_reservation = 0;  // non-zero for best-effort placement
   uint64_t private_size = 0;
 };
 
 // Decides where the run goes: its slot in the zone when the exporter is
-// ranked, the run fits the slot, and nothing else is mapped there (a stale
-// chunk of an earlier generation counts as something else: never aliased).
-// Caller holds the handle's placement lock.
+// ranked, the slot serves no other exporter, the run fits the slot, and
+// nothing else is mapped there (a stale chunk of an earlier generation counts
+// as something else: never aliased). Caller holds the handle's placement lock.
 CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
                   const std::vector<transport::ChunkGrant>& chunks, Placement* placement) {
   const uint64_t run_base = chunks.front().address;
   const uint64_t run_size = chunks.back().address + chunks.back().size - run_base;
   const state::ExporterId exporter{h.pid, h.token};
   const char* why_not = nullptr;
+  bool repeat_collision = false;  // said once per (slot, pid): later ones are debug lines
+  std::string collision;
   if (h.rank_slot == state::kUnranked) {
-    why_not = "the exporter has no rank (set VMMIPC_RANK or LOCAL_RANK)";
+    why_not = "the exporter has no rank slot (no rank variable, and none from its GPU)";
   } else {
     EnsureZone(state);
     std::optional<uint64_t> target =
@@ -119,7 +122,19 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
           "offset beyond VMMIPC_SLOT_SIZE)";
     } else {
       std::lock_guard<std::mutex> lock(state.import_mutex);
-      for (const auto& chunk : chunks) {
+      if (std::optional<state::ExporterId> owner = state.imports.SlotOwner(h.rank_slot);
+          owner && *owner != exporter) {
+        stats::Count(stats::Counter::kSlotCollisions);
+        repeat_collision = !state.imports.FirstCollision(h.rank_slot, h.pid);
+        collision = fmt::format(
+            "rank slot {} already serves pid {}, and pid {} claims it too (two processes on "
+            "one GPU without a rank variable, or the same rank twice); set VMMIPC_RANK (or "
+            "LOCAL_RANK) to a different value in each process",
+            h.rank_slot, owner->pid, h.pid);
+        why_not = collision.c_str();
+      }
+      for (size_t i = 0; why_not == nullptr && i < chunks.size(); ++i) {
+        const auto& chunk = chunks[i];
         const uint64_t chunk_target = *target + (chunk.address - run_base);
         if (state.imports.Probe(chunk_target, chunk.size, exporter, chunk.address,
                                 static_cast<uint32_t>(chunk.generation)) ==
@@ -132,11 +147,15 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
       }
       if (why_not == nullptr) {
         placement->run_target = *target;
+        placement->zone_slot = h.rank_slot;
         return CUDA_SUCCESS;
       }
     }
   }
-  if (h.rank_slot == state::kUnranked)
+  if (repeat_collision)
+    VMMIPC_LOG_DEBUG("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid,
+                     why_not);
+  else if (h.rank_slot == state::kUnranked)
     VMMIPC_LOG_INFO("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid, why_not);
   else
     VMMIPC_LOG_WARN(
@@ -293,6 +312,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   record.pointer = placement.run_target + (h.address - run_base);
   record.run_base = placement.run_target;
   record.run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
+  record.zone_slot = placement.zone_slot;
   record.private_reservation = placement.private_reservation;
   record.private_reservation_size = placement.private_size;
   {

@@ -111,9 +111,11 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
   mapping.size = size;
   mapping.offset = offset;
   CUmemAllocationProp prop = {};
+  const bool have_props =
+      VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle) == CUDA_SUCCESS;
   mapping.posix_fd_exportable =
-      VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle) == CUDA_SUCCESS &&
-      (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+      have_props && (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  mapping.device = DeviceOf(have_props ? &prop : nullptr);
   if (ExportRegionOf(pointer, &mapping.region_base, &mapping.region_end) != CUDA_SUCCESS) {
     mapping.region_base = pointer;  // no reservation answer: the mapping is its own region
     mapping.region_end = pointer + size;

@@ -25,7 +25,15 @@ enum class ArenaState { kUntried, kReserved, kUnavailable };
 struct ProcessState {
   uint32_t pid = 0;
   uint64_t token = 0;  // never 0; proves a handle came from this process
-  int32_t rank = -1;   // this process's slot, -1 unranked
+  int32_t rank = -1;   // this process's slot from a rank variable, -1 none
+
+  // Slots found from the GPU for a process without a rank variable, per
+  // device ordinal (core/rank_slot.h): 0 not asked yet, -1 none, else slot+1.
+  // Each is written once, under gpu_slot_mutex, then only read.
+  static constexpr int kMaxSlotDevices = 64;
+  std::atomic<int32_t> gpu_slots[kMaxSlotDevices] = {};
+  std::mutex gpu_slot_mutex;
+  bool gpu_slot_tagged = false;  // the log tag names a slot from the GPU; under gpu_slot_mutex
 
   // Export side. `generations` and `mappings` lock themselves (mappings also
   // holds the exported-fd cache). export_mutex guards the members after them;

@@ -49,6 +49,7 @@ namespace vmmipc::core::stats {
   X(kBytesMapped, "bytes_mapped")                           \
   X(kChunksUnmapped, "chunks_unmapped")                     \
   X(kBytesUnmapped, "bytes_unmapped")                       \
+  X(kSlotCollisions, "slot_collisions")                     \
   X(kPlacementsBestEffort, "placements_best_effort")        \
   /* Importer: why an open of a VMM2 handle failed. */      \
   X(kOpenFailedNoExporter, "open_failed_no_exporter")       \

@@ -9,6 +9,11 @@
 
 namespace vmmipc::core {
 
+int32_t DeviceOf(const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return -1;
+  return prop->location.id;
+}
+
 CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end) {
   ArenaCarveInfo carve;
   if (FindArenaCarve(address, &carve)) {
@@ -31,6 +36,7 @@ bool DescribeTracked(uint64_t address, ChunkInfo* info) {
   info->offset = mapping->offset;
   info->generation = mapping->generation;
   info->posix_fd_exportable = mapping->posix_fd_exportable;
+  info->device = mapping->device;
   info->region_base = mapping->region_base;
   info->region_end = mapping->region_end;
   return true;
@@ -51,6 +57,7 @@ CUresult RetainedChunk::Retain(uint64_t address) {
   info_.posix_fd_exportable =
       props == CUDA_SUCCESS &&
       (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  info_.device = DeviceOf(props == CUDA_SUCCESS ? &prop : nullptr);
   CUdeviceptr base = 0;
   size_t size = 0;
   // On VMM memory this is the one mapping (the chunk), not the reservation.

@@ -18,9 +18,14 @@ struct ChunkInfo {
   uint64_t offset = 0;  // of the mapping into its allocation (known when tracked)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
+  int32_t device = -1;  // ordinal of the GPU that holds the memory; -1 not a device
   uint64_t region_base = 0;  // what importers mirror (the arena or the reservation)
   uint64_t region_end = 0;   // where a run stops (end of the carve or reservation)
 };
+
+// The device ordinal an allocation lives on, from its properties (nullptr:
+// unknown); -1 for memory that is not on a device (host NUMA, say).
+int32_t DeviceOf(const CUmemAllocationProp* prop);
 
 // The placement base and run limit of an exporter address: the arena and the
 // carve's end inside the export arena, else the driver reservation.

@@ -20,6 +20,7 @@ using GetProcAddressV1Fn = CUresult (*)(const char*, void**, int, cuuint64_t);
   X(CtxGetCurrent, "cuCtxGetCurrent", decltype(&::cuCtxGetCurrent))                  \
   X(CtxSetCurrent, "cuCtxSetCurrent", decltype(&::cuCtxSetCurrent))                  \
   X(CtxGetDevice, "cuCtxGetDevice", decltype(&::cuCtxGetDevice))                     \
+  X(DeviceGetPCIBusId, "cuDeviceGetPCIBusId", decltype(&::cuDeviceGetPCIBusId))      \
   X(IpcGetMemHandle, "cuIpcGetMemHandle", decltype(&::cuIpcGetMemHandle))            \
   X(IpcOpenMemHandleV1, "cuIpcOpenMemHandle", IpcOpenMemHandleV1Fn)                  \
   X(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", decltype(&::cuIpcOpenMemHandle_v2))   \

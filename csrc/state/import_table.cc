@@ -38,6 +38,11 @@ void ImportTable::AddChunk(const MappedChunk& chunk) {
 void ImportTable::AddOpen(OpenRecord record) {
   for (uint64_t target : record.chunks) ++chunks_.at(target).users;
   record.opens = 1;
+  if (record.zone_slot != kNotInZone) {
+    SlotUse& use = slots_[record.zone_slot];
+    use.exporter = record.key.exporter;  // core checked SlotOwner under the slot's lock
+    ++use.opens;
+  }
   by_key_[record.key] = record.pointer;
   const uint64_t pointer = record.pointer;
   opens_[pointer] = std::move(record);
@@ -59,6 +64,8 @@ CloseResult ImportTable::Close(uint64_t pointer) {
       chunks_.erase(chunk);
     }
   }
+  if (auto slot = slots_.find(record.zone_slot); slot != slots_.end() && --slot->second.opens == 0)
+    slots_.erase(slot);
   result.free_reservation = record.private_reservation;
   result.free_reservation_size = record.private_reservation_size;
   by_key_.erase(record.key);
@@ -82,6 +89,16 @@ std::optional<OpenKey> ImportTable::KeyOf(uint64_t pointer) const {
   auto it = opens_.find(pointer);
   if (it == opens_.end()) return std::nullopt;
   return it->second.key;
+}
+
+std::optional<ExporterId> ImportTable::SlotOwner(uint32_t slot) const {
+  auto it = slots_.find(slot);
+  if (it == slots_.end()) return std::nullopt;
+  return it->second.exporter;
+}
+
+bool ImportTable::FirstCollision(uint32_t slot, uint32_t pid) {
+  return collisions_warned_.emplace(slot, pid).second;
 }
 
 const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {

@@ -5,12 +5,18 @@
 //    and the chunks it holds.
 // Each open is matched by exactly one close, and the last close of the last
 // user of a chunk hands it back for unmapping (the seed design leaked here).
+// It also knows which exporter each rank slot of the zone serves: the first
+// placed there, for as long as it has opens there, so that two exporters
+// that claim one slot (two processes on one GPU without a rank variable)
+// never share its addresses.
 // Pure bookkeeping: core does the driver calls. Not thread-safe: core locks.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 namespace vmmipc::state {
@@ -42,8 +48,11 @@ struct OpenKey {
   auto operator<=>(const OpenKey&) const = default;
 };
 
+inline constexpr uint32_t kNotInZone = 0xFFFFFFFFu;
+
 struct OpenRecord {
   uint64_t pointer = 0;  // what cuIpcOpenMemHandle returned
+  uint32_t zone_slot = kNotInZone;  // the zone slot its run was placed in
   OpenKey key;
   uint32_t opens = 0;            // outstanding opens of this pointer
   std::vector<uint64_t> chunks;  // targets of the chunks it holds, ascending
@@ -87,6 +96,12 @@ class ImportTable {
   std::optional<OpenKey> KeyOf(uint64_t pointer) const;
   // The open record whose run contains `address`, for the range queries.
   const OpenRecord* FindByAddress(uint64_t address) const;
+  // The exporter that zone slot `slot` serves (it has opens placed there);
+  // nullopt when the slot is free.
+  std::optional<ExporterId> SlotOwner(uint32_t slot) const;
+  // True the first time exporter pid `pid` is turned away from `slot`: the
+  // warning is said once per pair.
+  bool FirstCollision(uint32_t slot, uint32_t pid);
 
   size_t chunk_count() const { return chunks_.size(); }
   size_t open_count() const { return opens_.size(); }
@@ -95,6 +110,12 @@ class ImportTable {
   std::map<uint64_t, MappedChunk> chunks_;  // by target
   std::map<uint64_t, OpenRecord> opens_;    // by pointer
   std::map<OpenKey, uint64_t> by_key_;
+  struct SlotUse {
+    ExporterId exporter;
+    size_t opens = 0;  // open records placed in the slot
+  };
+  std::map<uint32_t, SlotUse> slots_;
+  std::set<std::pair<uint32_t, uint32_t>> collisions_warned_;  // (slot, pid)
 };
 
 }  // namespace vmmipc::state

@@ -29,6 +29,8 @@ class EndToEnd : public ::testing::Test {
                                     std::map<std::string, std::string> env = {},
                                     bool preload = true) {
     env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
+    // Unranked means no slot at all, also on a host whose GPU would give one.
+    if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
     env.emplace("LOCAL_RANK", kUnset);
     env.emplace("RANK", kUnset);
     auto peer = PeerProcess::Start(env, preload);

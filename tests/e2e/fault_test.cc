@@ -298,6 +298,8 @@ class Fault : public ::testing::Test {
   std::unique_ptr<PeerProcess> Peer(const std::string& name, const std::string& rank,
                                     std::map<std::string, std::string> env = {}) {
     env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
+    // Unranked means no slot at all, also on a host whose GPU would give one.
+    if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
     env.emplace("LOCAL_RANK", kUnset);
     env.emplace("RANK", kUnset);
     auto peer = PeerProcess::Start(env);

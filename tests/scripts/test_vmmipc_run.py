@@ -155,6 +155,19 @@ class ConfigTableTest(unittest.TestCase):
         self.assertEqual(rank({"VMMIPC_RANK": "-1", "LOCAL_RANK": "2"}), (2, "LOCAL_RANK"))
         self.assertEqual(rank({"LOCAL_RANK": "x", "RANK": "4"}), (4, "RANK"))
         self.assertEqual(rank({"LOCAL_RANK": "70000"}), (-1, "none"))
+        # VMMIPC_RANK_FROM gpu and off ignore the variables; env keeps them.
+        self.assertEqual(rank({"VMMIPC_RANK_FROM": "gpu", "VMMIPC_RANK": "1"}), (-1, "none"))
+        self.assertEqual(rank({"VMMIPC_RANK_FROM": "off", "LOCAL_RANK": "2"}), (-1, "none"))
+        self.assertEqual(rank({"VMMIPC_RANK_FROM": "env", "LOCAL_RANK": "2"}), (2, "LOCAL_RANK"))
+        config = run_module.Config({"VMMIPC_RANK_FROM": "sometimes"})
+        self.assertEqual(config["VMMIPC_RANK_FROM"], "auto")
+        self.assertIn("must be auto, env, gpu or off", " ".join(config.warnings))
+
+    def test_pci_addresses_parse_like_the_library(self):
+        self.assertEqual(run_module.parse_pci("0000:18:00.0"), (0, 0x18, 0, 0))
+        self.assertEqual(run_module.parse_pci("00000000:9A:1f.7"), (0, 0x9A, 0x1F, 7))
+        for bad in ("", "bind", "0000:18:00", "0000:18:20.0", "0000:18:00.8", "000:18:00.0"):
+            self.assertIsNone(run_module.parse_pci(bad), bad)
 
 
 class LauncherTest(unittest.TestCase):
@@ -331,6 +344,31 @@ class CheckOnSimulatedDriverTest(unittest.TestCase):
         code, out = self.check(SIMCUDA_DEVICE_COUNT="2")
         self.assertIn("[  ok] GPU 1", out)
         self.assertIn("[  ok] peer access     every pair of the 2 GPUs", out)
+
+    def test_slots_from_the_gpu_follow_the_host_list(self):
+        with tempfile.TemporaryDirectory() as folder:
+            for name in ("0000:13:00.0", "0000:10:00.0", "0000:12:00.0", "0000:11:00.0", "bind"):
+                os.mkdir(os.path.join(folder, name))
+            code, out = self.check(SIMCUDA_DEVICE_COUNT="4", CUDA_VISIBLE_DEVICES="3,1",
+                                   VMMIPC_HOST_GPUS=folder)
+            self.assertIn("[  ok] rank            device 0 (00000000:13:00.0): slot 3 from the "
+                          "GPU (VMMIPC_RANK_FROM=auto", out)
+            self.assertIn("device 1 (00000000:11:00.0): slot 1 from the GPU", out)
+            self.assertIn("no export arena (VMMIPC_RANK_FROM=gpu turns it on)", out)
+            code, out = self.check(SIMCUDA_DEVICE_COUNT="4", CUDA_VISIBLE_DEVICES="2",
+                                   VMMIPC_HOST_GPUS=folder, VMMIPC_RANK_FROM="gpu",
+                                   LOCAL_RANK="0")
+            self.assertIn("device 0 (00000000:12:00.0): slot 2 from the GPU (VMMIPC_RANK_FROM="
+                          "gpu", out)
+            self.assertIn("export arena on", out)
+            os.rmdir(os.path.join(folder, "0000:12:00.0"))
+            code, out = self.check(SIMCUDA_DEVICE_COUNT="4", CUDA_VISIBLE_DEVICES="2",
+                                   VMMIPC_HOST_GPUS=folder, VMMIPC_RANK_FROM="gpu")
+            self.assertIn("[WARN] rank            device 0 (00000000:12:00.0): no slot from the "
+                          "GPU: not among the 3 GPUs", out)
+            self.assertIn("no rank slot from the GPU for device 0", out.splitlines()[-1])
+        code, out = self.check(VMMIPC_RANK_FROM="env")
+        self.assertIn("[info] rank            none here (VMMIPC_RANK_FROM=env)", out)
 
     def test_no_device_fails(self):
         code, out = self.check(SIMCUDA_DEVICE_COUNT="0")

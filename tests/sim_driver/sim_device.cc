@@ -162,7 +162,7 @@ CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   static constexpr char kBase[16] = {'v', 'm', 'm', 'i', 'p', 'c', '-', 's',
                                      'i', 'm', '-', 'g', 'p', 'u', '-', '0'};
   std::memcpy(uuid->bytes, kBase, sizeof(kBase));
-  uuid->bytes[15] = static_cast<char>('0' + dev);
+  uuid->bytes[15] = static_cast<char>('0' + s.host_index[dev]);
   return CUDA_SUCCESS;
 }
 
@@ -174,7 +174,8 @@ CUresult cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
   if (CUresult r = simcuda::Enter(s, "cuDeviceGetPCIBusId"); r != CUDA_SUCCESS) return r;
   if (bus_id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!simcuda::ValidDevice(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::snprintf(bus_id, static_cast<size_t>(len), "00000000:%02X:00.0", 0x10 + dev);
+  // The real driver's spelling: an 8-digit domain, upper-case hex.
+  std::snprintf(bus_id, static_cast<size_t>(len), "00000000:%02X:00.0", 0x10 + s.host_index[dev]);
   return CUDA_SUCCESS;
 }
 

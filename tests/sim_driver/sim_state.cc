@@ -109,6 +109,26 @@ void LoadEnvironment(State& s) {
   if (const char* e = std::getenv("SIMCUDA_DEVICE_COUNT"); e != nullptr && ParseUnsigned(e, &v)) {
     s.device_count = v > kMaxDevices ? kMaxDevices : static_cast<int>(v);
   }
+  // CUDA_VISIBLE_DEVICES, as the real driver reads it: a comma list of host
+  // indices, cut at the first entry that is not a valid, unused index; set
+  // but empty, no device at all. (UUIDs and MIG names are not simulated.)
+  if (const char* e = std::getenv("CUDA_VISIBLE_DEVICES"); e != nullptr) {
+    const int host_count = s.device_count;
+    int visible = 0;
+    std::string_view rest(e);
+    while (!rest.empty() && visible < host_count) {
+      const size_t comma = rest.find(',');
+      const std::string item(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      uint64_t index = 0;
+      if (!ParseUnsigned(item.c_str(), &index) || index >= static_cast<uint64_t>(host_count)) break;
+      bool repeated = false;
+      for (int i = 0; i < visible; ++i) repeated |= s.host_index[i] == static_cast<int>(index);
+      if (repeated) break;
+      s.host_index[visible++] = static_cast<int>(index);
+    }
+    s.device_count = visible;
+  }
   if (const char* e = std::getenv("SIMCUDA_TOTAL_MEM_MIB"); e != nullptr && ParseUnsigned(e, &v)) {
     if (v > 0 && v < (uint64_t{1} << 30)) s.total_mem = static_cast<size_t>(v) << 20;
   }

@@ -91,7 +91,10 @@ struct Fault {
 struct State {
   std::mutex mu;
   bool initialized = false;
-  int device_count = 1;
+  int device_count = 1;  // devices this process sees (after CUDA_VISIBLE_DEVICES)
+  // The host's index of each visible device: CUDA_VISIBLE_DEVICES=2 makes
+  // host GPU 2 this process's device 0 (its PCI address says which it is).
+  int host_index[kMaxDevices] = {0, 1, 2, 3, 4, 5, 6, 7};
   size_t total_mem = size_t{16} << 30;
   size_t used_mem = 0;
   uint64_t next_handle = 0x5100000000000001ULL;

@@ -92,6 +92,37 @@ TEST(ImportTable, FindByAddressAnswersForTheRun) {
   EXPECT_EQ(t.FindByAddress(0x0FFFFFF), nullptr);
 }
 
+TEST(ImportTable, ASlotServesOneExporterWhileItHasOpensThere) {
+  ImportTable t;
+  EXPECT_FALSE(t.SlotOwner(3));
+  OpenRecord first = Open(0x1000000, 0xA000, {0x1000000});
+  first.zone_slot = 3;
+  OpenRecord second = Open(0x1200000, 0xA200000, {0x1200000});
+  second.zone_slot = 3;
+  t.AddChunk(Chunk(0x1000000, 0xA000));
+  t.AddChunk(Chunk(0x1200000, 0xA200000));
+  t.AddOpen(first);
+  t.AddOpen(second);
+  ASSERT_TRUE(t.SlotOwner(3));
+  EXPECT_EQ(*t.SlotOwner(3), kPeer);
+  EXPECT_FALSE(t.SlotOwner(2));
+  // The slot stays the exporter's until its last open there is closed.
+  EXPECT_TRUE(t.Close(0x1000000).last);
+  EXPECT_TRUE(t.SlotOwner(3));
+  EXPECT_TRUE(t.Close(0x1200000).last);
+  EXPECT_FALSE(t.SlotOwner(3));
+  // A best-effort open is in no slot.
+  OpenRecord elsewhere = Open(0x7000000, 0xB000, {0x7000000});
+  t.AddChunk(Chunk(0x7000000, 0xB000));
+  t.AddOpen(elsewhere);
+  EXPECT_FALSE(t.SlotOwner(3));
+  // One warning per (slot, pid).
+  EXPECT_TRUE(t.FirstCollision(3, 200));
+  EXPECT_FALSE(t.FirstCollision(3, 200));
+  EXPECT_TRUE(t.FirstCollision(4, 200));
+  EXPECT_TRUE(t.FirstCollision(3, 201));
+}
+
 TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
   ChunkGenerations g;
   uint32_t first = g.OnCreate(0x10);

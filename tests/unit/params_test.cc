@@ -90,6 +90,35 @@ TEST(Params, RankFallsBackToLocalRankThenRank) {
   EXPECT_EQ(ParseWith({{"LOCAL_RANK", "70000"}}).rank, -1);
 }
 
+TEST(Params, RankFromPinsTheSource) {
+  Params automatic = ParseWith({});
+  EXPECT_EQ(automatic.rank_from, "auto");
+  EXPECT_TRUE(automatic.slot_from_gpu());
+  EXPECT_FALSE(automatic.arena_wanted());  // a slot from the GPU under auto: no arena
+  Params ranked = ParseWith({{"LOCAL_RANK", "2"}});
+  EXPECT_FALSE(ranked.slot_from_gpu());
+  EXPECT_TRUE(ranked.arena_wanted());
+  // gpu: every rank variable is ignored, and the arena is on.
+  Params gpu = ParseWith({{"VMMIPC_RANK_FROM", "gpu"}, {"VMMIPC_RANK", "3"}, {"LOCAL_RANK", "2"}});
+  EXPECT_EQ(gpu.rank, -1);
+  EXPECT_EQ(gpu.rank_source, "none");
+  EXPECT_TRUE(gpu.slot_from_gpu());
+  EXPECT_TRUE(gpu.arena_wanted());
+  EXPECT_FALSE(ParseWith({{"VMMIPC_RANK_FROM", "gpu"}, {"VMMIPC_ARENA", "0"}}).arena_wanted());
+  // env: the variables only.
+  Params env = ParseWith({{"VMMIPC_RANK_FROM", "env"}});
+  EXPECT_FALSE(env.slot_from_gpu());
+  EXPECT_EQ(ParseWith({{"VMMIPC_RANK_FROM", "env"}, {"RANK", "4"}}).rank, 4);
+  // off: nothing, not even VMMIPC_RANK.
+  Params off = ParseWith({{"VMMIPC_RANK_FROM", "off"}, {"VMMIPC_RANK", "3"}});
+  EXPECT_EQ(off.rank, -1);
+  EXPECT_FALSE(off.slot_from_gpu());
+  EXPECT_FALSE(off.arena_wanted());
+  // Anything else is refused and auto stays.
+  EXPECT_EQ(ParseWith({{"VMMIPC_RANK_FROM", "GPU0"}}).rank_from, "auto");
+  EXPECT_EQ(ParseWith({{"VMMIPC_RANK_FROM", " gpu "}}).rank_from, "gpu");
+}
+
 TEST(Params, SizeParserRejectsJunk) {
   uint64_t v = 0;
   EXPECT_TRUE(ParseSize("1T", &v));

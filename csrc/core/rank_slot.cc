@@ -1,0 +1,71 @@
+// Rank slots: from the rank variable, else from the GPU, cached per device.
+#include "core/rank_slot.h"
+
+#include <mutex>
+
+#include "common/log.h"
+#include "config/params.h"
+#include "driver/host_gpus.h"
+#include "state/handle_codec.h"
+
+namespace vmmipc::core {
+namespace {
+
+constexpr int32_t kNotAsked = 0;
+constexpr int32_t kNoSlot = -1;
+
+// Finds the slot of `device` from the host's GPU list and logs what came of
+// it, once per device: the answer is the same for the life of the process.
+// The first slot found names the process in every log line from then on,
+// this one included. Caller holds state.gpu_slot_mutex.
+int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& params) {
+  const driver::HostGpu gpu = driver::FindHostGpu(device, params.host_gpus);
+  // An explicit VMMIPC_RANK_FROM=gpu that cannot be honoured is a warning;
+  // under auto it is the ordinary state of a process without a rank.
+  const log::Level level = params.rank_from == "gpu" ? log::Level::kWarn : log::Level::kInfo;
+  if (gpu.index < 0) {
+    log::Log(level,
+             "no rank slot from the GPU for device {}: {}; peers place this process's memory "
+             "best-effort (set VMMIPC_RANK or LOCAL_RANK)",
+             device, gpu.why_not);
+    return kNoSlot;
+  }
+  if (gpu.index >= static_cast<int>(state::kUnranked)) return kNoSlot;  // a handle cannot say it
+  if (!state.gpu_slot_tagged) {
+    state.gpu_slot_tagged = true;
+    log::SetRank(gpu.index, /*from_gpu=*/true);
+  }
+  VMMIPC_LOG_INFO(
+      "rank slot {} from the GPU (VMMIPC_RANK_FROM={}): device {} is {}, GPU {} of {} on this "
+      "host in PCI order ({})",
+      gpu.index, params.rank_from, device, gpu.pci, gpu.index, gpu.count, gpu.list);
+  if (gpu.index >= params.zone_slots)
+    VMMIPC_LOG_WARN(
+        "rank slot {} (from the GPU) is not below VMMIPC_ZONE_SLOTS={}: importers with that "
+        "zone place this process's memory best-effort",
+        gpu.index, params.zone_slots);
+  return gpu.index;
+}
+
+}  // namespace
+
+uint16_t SlotForExport(ProcessState& state, int32_t device) {
+  if (state.rank >= 0) return static_cast<uint16_t>(state.rank);
+  const config::Params& params = config::Get();
+  if (!params.slot_from_gpu() || device < 0 || device >= ProcessState::kMaxSlotDevices)
+    return state::kUnranked;
+  std::atomic<int32_t>& cached = state.gpu_slots[device];
+  int32_t slot = cached.load(std::memory_order_acquire);
+  if (slot == kNotAsked) {
+    std::lock_guard<std::mutex> lock(state.gpu_slot_mutex);
+    slot = cached.load(std::memory_order_relaxed);
+    if (slot == kNotAsked) {
+      const int32_t found = FindGpuSlot(state, device, params);
+      slot = found == kNoSlot ? kNoSlot : found + 1;
+      cached.store(slot, std::memory_order_release);
+    }
+  }
+  return slot == kNoSlot ? state::kUnranked : static_cast<uint16_t>(slot - 1);
+}
+
+}  // namespace vmmipc::core
