@@ -8,6 +8,7 @@ through cuIpcGetMemHandle / cuIpcOpenMemHandle.
 Layouts, each run twice in fresh processes:
   one-gpu              both workers on GPU 0, device chosen by ordinal
   one-gpu-visible      both with CUDA_VISIBLE_DEVICES=0
+  one-gpu-gpu-arena    as one-gpu-visible, with VMMIPC_RANK_FROM=gpu (export arena on)
   two-gpus             worker i on GPU i by ordinal
   two-gpus-visible     worker i with CUDA_VISIBLE_DEVICES=i (each sees device 0)
   two-gpus-gpu-arena   as two-gpus-visible, with VMMIPC_RANK_FROM=gpu (export arena on)
@@ -44,6 +45,7 @@ WAIT_S = 120
 LAYOUTS = {
     "one-gpu": {"gpus": (0, 0), "visible": False, "env": {}},
     "one-gpu-visible": {"gpus": (0, 0), "visible": True, "env": {}},
+    "one-gpu-gpu-arena": {"gpus": (0, 0), "visible": True, "env": {"VMMIPC_RANK_FROM": "gpu"}},
     "two-gpus": {"gpus": (0, 1), "visible": False, "env": {}},
     "two-gpus-visible": {"gpus": (0, 1), "visible": True, "env": {}},
     "two-gpus-gpu-arena": {"gpus": (0, 1), "visible": True, "env": {"VMMIPC_RANK_FROM": "gpu"}},
