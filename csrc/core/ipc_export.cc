@@ -21,6 +21,7 @@
 #include "core/vmm_memory.h"
 #include "driver/real_driver.h"
 #include "state/handle_codec.h"
+#include "transport/wire.h"
 
 namespace vmmipc::core {
 namespace {
@@ -270,7 +271,7 @@ CUresult EnsureListenerLocked(ProcessState& state) {
   if (VMMIPC_REAL(CtxGetCurrent, &context) == CUDA_SUCCESS) state.export_context = context;
   const config::Params& params = config::Get();
   transport::ListenerOptions options;
-  options.token = state.token;
+  options.secret = state.secret;
   options.pid = state.pid;
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
@@ -350,11 +351,16 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   handle.rank_slot = SlotForExport(state, chunk.device);
   handle.pid = state.pid;
   handle.generation = chunk.generation;
-  handle.token = state.token;
+  handle.instance = state.instance;
   handle.address = address;
   handle.chunk_size = chunk.size;
   handle.chunk_base = chunk.base;
   handle.region_base = region_base;
+  // The handle grants what it names, nothing else (docs/security.md): the
+  // listener serves a request only under this MAC of exactly these fields.
+  handle.capability = transport::wire::Capability(
+      state.secret, {handle.pid, handle.generation, handle.rank_slot, handle.address,
+                     handle.chunk_base, handle.chunk_size, handle.region_base});
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
   WarmIfCold(state, address);

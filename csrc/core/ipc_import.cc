@@ -104,7 +104,7 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
                   const std::vector<transport::ChunkGrant>& chunks, Placement* placement) {
   const uint64_t run_base = chunks.front().address;
   const uint64_t run_size = chunks.back().address + chunks.back().size - run_base;
-  const state::ExporterId exporter{h.pid, h.token};
+  const state::ExporterId exporter{h.pid, h.instance};
   const char* why_not = nullptr;
   bool repeat_collision = false;  // said once per (slot, pid): later ones are debug lines
   std::string collision;
@@ -209,7 +209,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_INVALID_VALUE;
   }
   ProcessState& state = State();
-  if (h.pid == state.pid && h.token == state.token) {
+  if (h.pid == state.pid && h.instance == state.instance) {
     VMMIPC_LOG_WARN("cuIpcOpenMemHandle: the handle was exported by this process");
     return CUDA_ERROR_INVALID_CONTEXT;
   }
@@ -219,7 +219,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_INVALID_CONTEXT;
   }
 
-  const state::OpenKey key{{h.pid, h.token}, h.address, h.generation, h.region_base, h.rank_slot};
+  const state::OpenKey key{{h.pid, h.instance}, h.address, h.generation, h.region_base, h.rank_slot};
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
@@ -233,7 +233,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   // delays only the opens of its own handles, each bounded by the timeout.
   const auto fetch_start = Clock::now();
   const config::Params& params = config::Get();
-  transport::FetchRequest request{h.pid, h.token, h.address, h.chunk_base, h.generation};
+  transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
+                                  h.chunk_size, h.region_base, h.generation, h.rank_slot};
   transport::FetchResult fetched =
       transport::FetchChunks(request, {params.socket_dir, static_cast<int>(params.timeout_ms)});
   if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
@@ -266,7 +267,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   const int64_t place_us = MicrosSince(place_start);
   const auto map_start = Clock::now();
   const uint64_t run_base = fetched.chunks.front().address;
-  const state::ExporterId exporter{h.pid, h.token};
+  const state::ExporterId exporter{h.pid, h.instance};
   state::OpenRecord record;
   std::vector<state::MappedChunk> mapped_now;
   std::vector<const transport::ChunkGrant*> to_map;

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/parked.h"
@@ -20,15 +22,25 @@ namespace {
 std::atomic<ProcessState*> g_state{nullptr};
 std::mutex g_create_mutex;
 
-uint64_t NewToken() {
-  uint64_t token = 0;
-  // getrandom may be short or fail very early in boot; mix in time and pid then.
-  if (getrandom(&token, sizeof(token), GRND_NONBLOCK) != sizeof(token)) {
-    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) *
-                0x9E3779B97F4A7C15ull ^
-            static_cast<uint64_t>(getpid()) << 32;
+// The secret under which this process's handles are made, and its public
+// instance id (never 0). getrandom only fails without entropy very early in
+// boot, where waiting for it could block the host program: then time and pid
+// are mixed in, with a warning, since such a secret can be guessed.
+void NewIdentity(ProcessState* state) {
+  uint64_t words[3] = {};
+  if (getrandom(words, sizeof(words), GRND_NONBLOCK) != sizeof(words)) {
+    const uint64_t now =
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const uint64_t pid = static_cast<uint64_t>(getpid());
+    words[0] = now * 0x9E3779B97F4A7C15ull ^ pid << 32;
+    words[1] = (now ^ 0xC2B2AE3D27D4EB4Full) * 0x165667B19E3779F9ull ^ pid;
+    words[2] = words[0] ^ words[1] >> 17;
+    VMMIPC_LOG_WARN("getrandom failed ({}): this process's handle secret is made from the clock "
+                    "and pid, and can be guessed",
+                    std::strerror(errno));
   }
-  return token == 0 ? 1 : token;
+  state->secret = transport::SipKey{words[0], words[1]};
+  state->instance = static_cast<uint32_t>(words[2]) != 0 ? static_cast<uint32_t>(words[2]) : 1;
 }
 
 ProcessState* Create() {
@@ -37,7 +49,7 @@ ProcessState* Create() {
   log::SetRank(static_cast<int>(params.rank));
   auto* state = new ProcessState();  // never freed, on purpose
   state->pid = static_cast<uint32_t>(getpid());
-  state->token = NewToken();
+  NewIdentity(state);
   state->rank = static_cast<int32_t>(params.rank);
   stats::EnableExitReportIfConfigured();
   return state;

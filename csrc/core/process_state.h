@@ -1,6 +1,6 @@
 // ProcessState: everything vmmipc knows about this process, created on first
 // use (never at load time) and never destroyed (hooks can run during exit).
-// A forked child gets a fresh one: new token, no listener, no imports, since
+// A forked child gets a fresh one: new secret, no listener, no imports, since
 // the parent's threads, sockets and GPU mappings do not carry over.
 #pragma once
 
@@ -24,7 +24,11 @@ enum class ArenaState { kUntried, kReserved, kUnavailable };
 
 struct ProcessState {
   uint32_t pid = 0;
-  uint64_t token = 0;  // never 0; proves a handle came from this process
+  // Handles are capabilities made under `secret`, which never leaves the
+  // process (transport/wire.h Capability); `instance` is public, in every
+  // handle, and tells this process from an earlier one with the same pid.
+  transport::SipKey secret;
+  uint32_t instance = 0;  // never 0
   int32_t rank = -1;   // this process's slot from a rank variable, -1 none
 
   // Slots found from the GPU for a process without a rank variable, per

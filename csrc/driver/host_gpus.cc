@@ -89,11 +89,10 @@ HostGpu FindHostGpu(CUdevice device, const std::string& folder) {
   std::optional<PciAddress> mine;
   if (asked == CUDA_SUCCESS) mine = ParsePciAddress(bus_id);
   if (!mine) {
-    found.why_not = asked == CUDA_SUCCESS
-                        ? fmt::format("the driver gave device {} the PCI address '{}'", device,
-                                      bus_id)
-                        : fmt::format("cuDeviceGetPCIBusId(device {}) failed: {}", device,
-                                      ErrorName(asked));
+    found.why_not =
+        asked == CUDA_SUCCESS
+            ? fmt::format("the driver gave device {} the PCI address '{}'", device, bus_id)
+            : fmt::format("cuDeviceGetPCIBusId(device {}) failed: {}", device, ErrorName(asked));
     return found;
   }
   found.pci = FormatPciAddress(*mine);
@@ -117,8 +116,8 @@ HostGpu FindHostGpu(CUdevice device, const std::string& folder) {
     found.count = static_cast<int>(gpus.size());
     const auto at = std::find(gpus.begin(), gpus.end(), *mine);
     if (at == gpus.end()) {
-      found.why_not = fmt::format("{} is not among the {} GPUs that {} lists", found.pci,
-                                  gpus.size(), list);
+      found.why_not =
+          fmt::format("{} is not among the {} GPUs that {} lists", found.pci, gpus.size(), list);
       return found;
     }
     found.index = static_cast<int>(at - gpus.begin());

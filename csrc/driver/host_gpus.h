@@ -41,11 +41,11 @@ std::vector<PciAddress> ListHostGpus(const std::string& folder, bool need_displa
                                      std::string* why);
 
 struct HostGpu {
-  int index = -1;         // in PCI order among the host's GPUs; -1 when unknown
-  int count = 0;          // GPUs in the host's list
-  std::string pci;        // the device's PCI address, when the driver told it
-  std::string list;       // the folder the list was read from
-  std::string why_not;    // when index is -1: why
+  int index = -1;       // in PCI order among the host's GPUs; -1 when unknown
+  int count = 0;        // GPUs in the host's list
+  std::string pci;      // the device's PCI address, when the driver told it
+  std::string list;     // the folder the list was read from
+  std::string why_not;  // when index is -1: why
 };
 
 // Where `device` (an ordinal of this process) stands among the host's GPUs.

@@ -9,11 +9,11 @@
 namespace vmmipc::state {
 namespace {
 
-// Offsets of docs/blob-format.md (version 1). Magic, version and the CRC's
+// Offsets of docs/blob-format.md (version 2). Magic, version and the CRC's
 // place are fixed for every version; the rest may change with the version.
 constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffFlags = 5, kOffRank = 6, kOffPid = 8,
-                 kOffGeneration = 12, kOffToken = 16, kOffAddress = 24, kOffChunkSize = 32,
-                 kOffChunkBase = 40, kOffRegionBase = 48, kOffReserved = 56, kOffCrc = 60;
+                 kOffGeneration = 12, kOffCapability = 16, kOffAddress = 24, kOffChunkSize = 32,
+                 kOffChunkBase = 40, kOffRegionBase = 48, kOffInstance = 56, kOffCrc = 60;
 
 template <typename T>
 void Put(unsigned char* out, size_t offset, T value) {
@@ -48,12 +48,12 @@ void EncodeHandle(const Vmm2Handle& h, unsigned char out[kHandleSize]) {
   Put<uint16_t>(out, kOffRank, h.rank_slot);
   Put<uint32_t>(out, kOffPid, h.pid);
   Put<uint32_t>(out, kOffGeneration, h.generation);
-  Put<uint64_t>(out, kOffToken, h.token);
+  Put<uint64_t>(out, kOffCapability, h.capability);
   Put<uint64_t>(out, kOffAddress, h.address);
   Put<uint64_t>(out, kOffChunkSize, h.chunk_size);
   Put<uint64_t>(out, kOffChunkBase, h.chunk_base);
   Put<uint64_t>(out, kOffRegionBase, h.region_base);
-  Put<uint32_t>(out, kOffReserved, 0);
+  Put<uint32_t>(out, kOffInstance, h.instance);
   Put<uint32_t>(out, kOffCrc, Crc32c(out, kOffCrc));
 }
 
@@ -67,15 +67,16 @@ DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* h) {
   out.rank_slot = Get<uint16_t>(in, kOffRank);
   out.pid = Get<uint32_t>(in, kOffPid);
   out.generation = Get<uint32_t>(in, kOffGeneration);
-  out.token = Get<uint64_t>(in, kOffToken);
+  out.capability = Get<uint64_t>(in, kOffCapability);
   out.address = Get<uint64_t>(in, kOffAddress);
   out.chunk_size = Get<uint64_t>(in, kOffChunkSize);
   out.chunk_base = Get<uint64_t>(in, kOffChunkBase);
   out.region_base = Get<uint64_t>(in, kOffRegionBase);
+  out.instance = Get<uint32_t>(in, kOffInstance);
   const bool address_in_chunk = out.address >= out.chunk_base && out.chunk_size != 0 &&
                                 out.address - out.chunk_base < out.chunk_size;
-  if (out.token == 0 || out.pid == 0 || !address_in_chunk || out.region_base > out.chunk_base ||
-      out.flags != 0 || Get<uint32_t>(in, kOffReserved) != 0)
+  if (out.capability == 0 || out.instance == 0 || out.pid == 0 || !address_in_chunk ||
+      out.region_base > out.chunk_base || out.flags != 0)
     return DecodeStatus::kMalformed;
   *h = out;
   return DecodeStatus::kOk;

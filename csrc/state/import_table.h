@@ -21,9 +21,11 @@
 
 namespace vmmipc::state {
 
+// An exporter process: its pid and the public instance id in its handles
+// (a later process with the same pid has another).
 struct ExporterId {
   uint32_t pid = 0;
-  uint64_t token = 0;
+  uint64_t instance = 0;
   bool operator==(const ExporterId&) const = default;
   auto operator<=>(const ExporterId&) const = default;
 };

@@ -396,7 +396,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       return nullptr;
     }
 
-    impl->context.key = wire::DeriveKey(options.token, options.pid);
+    impl->context.secret = options.secret;
     impl->context.uid = ::geteuid();
     impl->context.timeout_ms = std::max(options.timeout_ms, 1);
     impl->context.stop_fd = impl->stop_fd.get();

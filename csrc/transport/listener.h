@@ -2,8 +2,8 @@
 // by core on the first VMM export (never at load). One poll thread accepts
 // connections and reads their requests, many at once and without blocking,
 // so that a silent or slow peer delays nobody else; it checks the peer's uid
-// (SO_PEERCRED) and the request's MAC (proof the peer holds this process's
-// token). It also answers them when the reply is one message (a thread
+// (SO_PEERCRED) and the request's MAC (proof the peer holds a handle this
+// process made, unedited: its capability). It also answers them when the reply is one message (a thread
 // hand-off costs a wake-up per open); longer replies, whose sends may wait
 // on a peer that does not read, go to a small pool of workers (started as
 // needed, up to max_workers), as do tasks posted with Post(). Answering asks
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "transport/chunk_grant.h"
+#include "transport/siphash.h"
 
 namespace vmmipc::transport {
 
@@ -53,7 +54,7 @@ struct ListenerEvents {
 };
 
 struct ListenerOptions {
-  uint64_t token = 0;      // this process's secret; keys the MACs
+  SipKey secret;           // this process's secret: handles' capabilities are made under it
   uint32_t pid = 0;        // this process's pid as it appears in handles
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // per connection: receive, send

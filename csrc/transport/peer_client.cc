@@ -127,13 +127,16 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   wire_request.exporter_pid = request.exporter_pid;
   wire_request.address = request.address;
   wire_request.chunk_base = request.chunk_base;
+  wire_request.chunk_size = request.chunk_size;
+  wire_request.region_base = request.region_base;
   wire_request.generation = request.generation;
+  wire_request.rank_slot = request.rank_slot;
   int random_error = 0;
   if (!MakeNonce(&wire_request.nonce, &random_error)) {
     return Fail(FetchStatus::kNoResources,
                 fmt::format("getrandom failed: {}", ErrnoText(random_error)));
   }
-  const SipKey key = wire::DeriveKey(request.token, request.exporter_pid);
+  const SipKey key = wire::DeriveKey(request.capability, request.exporter_pid);
   const auto request_bytes = wire::EncodeRequest(wire_request, key);
   if (IoResult io = SendMessage(sock.get(), request_bytes, {}, deadline); !io.ok()) {
     return IoFailure(io, "sending the request", address, timeout_ms);
@@ -179,9 +182,10 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
       message.length = peeked.length;  // left queued, fds and all: closed by the reaper
     }
     if (parsed == wire::WireError::kBadMac) {
-      // A process without our token cannot MAC anything we can verify, so a
-      // real exporter that says "bad token" (a stale handle whose pid now
-      // belongs to another vmmipc process) looks just like a forger. Such a
+      // A process that did not make this handle cannot MAC anything we can
+      // verify, so a real exporter that says "bad token" (a stale handle whose
+      // pid now belongs to another vmmipc process, or an edited handle) looks
+      // just like a forger. Such a
       // bare refusal carries nothing we would use, so it is reported as the
       // refusal it claims to be, marked unverified; anything else is forged.
       if (header.status == static_cast<uint16_t>(RefuseReason::kBadToken) && batch == 0 &&
@@ -190,7 +194,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
         FetchResult result = Fail(
             FetchStatus::kRefused,
             fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "
-                        "the handle is forged)",
+                        "the handle was edited or forged)",
                         address.display, request.exporter_pid));
         result.refuse = RefuseReason::kBadToken;
         return result;

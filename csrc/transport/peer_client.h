@@ -1,6 +1,6 @@
 // The importer's side of the fd protocol: connect to the exporter named by a
-// handle (pid), prove knowledge of its token, check that the exporter proves
-// it too, and collect every chunk grant with its fd. Nothing is returned
+// handle (pid), prove that we hold the handle (a MAC under its capability),
+// check that the exporter proves it too, and collect every chunk grant with its fd. Nothing is returned
 // unless every batch verified, so the caller never maps a squatter's memory.
 #pragma once
 
@@ -12,12 +12,17 @@
 
 namespace vmmipc::transport {
 
+// Every field of the handle: the request repeats them, MAC'd under the
+// handle's capability, which the exporter recomputes from them.
 struct FetchRequest {
   uint32_t exporter_pid = 0;
-  uint64_t token = 0;
+  uint64_t capability = 0;
   uint64_t address = 0;
   uint64_t chunk_base = 0;
-  uint64_t generation = 0;
+  uint64_t chunk_size = 0;
+  uint64_t region_base = 0;
+  uint32_t generation = 0;
+  uint16_t rank_slot = 0;
 };
 
 struct ClientOptions {
@@ -40,7 +45,7 @@ struct FetchResult {
   FetchStatus status = FetchStatus::kProtocolError;
   RefuseReason refuse = RefuseReason::kNone;  // when status == kRefused
   // The answer's MAC verified (always, for kOk). False for a kRefused with
-  // kBadToken from a process that does not hold the handle's token: no
+  // kBadToken from a process that did not make this handle: no
   // answer from it can be verified (docs/protocol.md, "Unverified refusals").
   bool verified = false;
   std::string detail;              // one human sentence for the log line

@@ -69,9 +69,9 @@ void Close(ScopedFd fd, const ServeContext& context) {
   if (CloseConnection(std::move(fd)) && context.events.reaped != nullptr) context.events.reaped();
 }
 
-void SendRefusal(int fd, const ServeContext& context, const PeerCredentials& peer,
-                 const wire::Nonce& nonce, uint64_t address, RefuseReason reason,
-                 const std::string& why, int send_ms) {
+void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
+                 const PeerCredentials& peer, const wire::Nonce& nonce, uint64_t address,
+                 RefuseReason reason, const std::string& why, int send_ms) {
   if (context.events.refused != nullptr) context.events.refused(reason);
   if (MayLog(context.name))
     VMMIPC_LOG_WARN("listener {}: refused peer pid {} uid {} for address {:#x}: {} ({})",
@@ -81,7 +81,7 @@ void SendRefusal(int fd, const ServeContext& context, const PeerCredentials& pee
   header.total_chunks = 0;
   header.batch_index = 0;
   header.batch_count = 1;
-  const std::vector<uint8_t> bytes = wire::EncodeReply(nonce, context.key, header, {});
+  const std::vector<uint8_t> bytes = wire::EncodeReply(nonce, key, header, {});
   if (IoResult io = SendMessage(fd, bytes, {}, Deadline::AfterMs(send_ms), context.stop_fd);
       !io.ok()) {
     VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", context.name, peer.pid,
@@ -139,7 +139,7 @@ void SendGrants(const PendingRequest& p, const ServeContext& context,
     header.total_chunks = total;
     header.batch_index = batch;
     header.batch_count = batches;
-    const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, context.key, header, entries);
+    const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, p.key, header, entries);
     if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer pid {} failed: {} ({})",
                       context.name, batch, batches, p.peer.pid, IoStatusName(io.status),
@@ -186,11 +186,16 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
     Close(std::move(c.fd), context);
     return ReadOutcome::kDone;
   }
-  uint64_t address = 0;  // for log lines only; not trusted for anything
-  if (message.length >= wire::kRequestSize)
-    for (int i = 7; i >= 0; --i) address = (address << 8) | bytes[32 + i];
+  // What the request claims to name, unverified: the address for log lines,
+  // and the key of a refusal, so that a holder of that handle can verify it
+  // (a request of no known layout gets a key nobody holds).
+  wire::Request claimed;
+  const bool readable = wire::PeekRequestFields(bytes, &claimed);
+  const uint64_t address = readable ? claimed.address : 0;
+  const SipKey refusal_key = readable ? wire::KeyFor(context.secret, claimed.handle())
+                                      : wire::DeriveKey(0, preamble.exporter_pid);
   auto refuse = [&](RefuseReason reason, const std::string& why) {
-    SendRefusal(c.fd.get(), context, c.peer, preamble.nonce, address, reason, why,
+    SendRefusal(c.fd.get(), context, refusal_key, c.peer, preamble.nonce, address, reason, why,
                 std::min(context.timeout_ms, kRefusalSendMs));
     Close(std::move(c.fd), context);
     return ReadOutcome::kDone;
@@ -206,11 +211,11 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
     return refuse(RefuseReason::kBadRequest,
                   fmt::format("request longer than {} bytes", kRequestBufferSize));
   wire::Request request;
-  const wire::WireError parsed = wire::ParseRequest(bytes, context.key, &request);
+  const wire::WireError parsed = wire::ParseRequest(bytes, context.secret, &request);
   if (parsed == wire::WireError::kBadMac)
     return refuse(RefuseReason::kBadToken,
-                  fmt::format("request MAC does not verify for pid {} (stale handle after pid "
-                              "reuse, or a forged request)",
+                  fmt::format("request MAC does not verify for pid {}: the handle is not one "
+                              "this process made (stale after pid reuse, or edited or forged)",
                               preamble.exporter_pid));
   if (parsed != wire::WireError::kOk)
     return refuse(RefuseReason::kBadRequest,
@@ -219,6 +224,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->fd = std::move(c.fd);
   out->peer = c.peer;
   out->nonce = preamble.nonce;
+  out->key = refusal_key;  // verified: the key of the handle the request named
   out->request.peer_pid = c.peer.pid;
   out->request.peer_uid = c.peer.uid;
   out->request.address = request.address;
@@ -230,7 +236,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
 // The handler's reply, checked; false when a refusal was sent instead.
 bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) {
   auto refuse = [&](RefuseReason reason, const std::string& why) {
-    SendRefusal(p.fd.get(), context, p.peer, p.nonce, p.request.address, reason, why,
+    SendRefusal(p.fd.get(), context, p.key, p.peer, p.nonce, p.request.address, reason, why,
                 context.timeout_ms);
     return false;
   };

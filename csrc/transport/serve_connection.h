@@ -25,7 +25,7 @@
 namespace vmmipc::transport {
 
 struct ServeContext {
-  SipKey key;             // DeriveKey(token, pid)
+  SipKey secret;          // the exporter's secret: each request's key is KeyFor(secret, fields)
   uint32_t uid = 0;       // the only uid served (this process's euid)
   int timeout_ms = 5000;  // receiving the request; then, afresh, sending the reply
   int stop_fd = -1;       // readable when the listener stops: abandon the connection
@@ -51,6 +51,7 @@ struct PendingRequest {
   ScopedFd fd;
   PeerCredentials peer;
   wire::Nonce nonce{};
+  SipKey key;  // of the handle the request named: MACs every answer to it
   ServeRequest request;
 };
 

@@ -11,6 +11,7 @@ namespace {
 // Domain tags: a request MAC can never be replayed as a reply MAC.
 constexpr uint8_t kRequestTag[4] = {'r', 'e', 'q', 0};
 constexpr uint8_t kReplyTag[4] = {'r', 'e', 'p', 0};
+constexpr uint8_t kCapabilityTag[4] = {'c', 'a', 'p', 0};
 
 void Put16(uint8_t* p, uint16_t v) {
   for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -33,7 +34,7 @@ uint64_t Get64(const uint8_t* p) {
   return v;
 }
 
-// Request MAC: SipHash(key, "req\0" || request bytes [0, 56)).
+// Request MAC: SipHash(key, "req\0" || request bytes [0, 72)).
 uint64_t RequestMac(const SipKey& key, std::span<const uint8_t> message) {
   SipHasher hasher(key);
   hasher.Update(kRequestTag);
@@ -61,7 +62,25 @@ bool MacEqual(uint64_t a, uint64_t b) {
 
 }  // namespace
 
-SipKey DeriveKey(uint64_t token, uint32_t pid) { return SipKey{token, static_cast<uint64_t>(pid)}; }
+uint64_t Capability(const SipKey& secret, const HandleFields& f) {
+  uint8_t bytes[42];
+  Put32(bytes + 0, f.exporter_pid);
+  Put32(bytes + 4, f.generation);
+  Put16(bytes + 8, f.rank_slot);
+  Put64(bytes + 10, f.address);
+  Put64(bytes + 18, f.chunk_base);
+  Put64(bytes + 26, f.chunk_size);
+  Put64(bytes + 34, f.region_base);
+  SipHasher hasher(secret);
+  hasher.Update(kCapabilityTag);
+  hasher.Update(bytes);
+  const uint64_t capability = hasher.Final();
+  return capability != 0 ? capability : 1;  // 0 is no handle's: the decoder refuses it
+}
+
+SipKey DeriveKey(uint64_t capability, uint32_t pid) {
+  return SipKey{capability, static_cast<uint64_t>(pid)};
+}
 
 const char* WireErrorName(WireError error) {
   switch (error) {
@@ -96,8 +115,12 @@ std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const Si
   std::copy(request.nonce.begin(), request.nonce.end(), p + 16);
   Put64(p + 32, request.address);
   Put64(p + 40, request.chunk_base);
-  Put64(p + 48, request.generation);
-  Put64(p + 56, RequestMac(key, out));
+  Put64(p + 48, request.chunk_size);
+  Put64(p + 56, request.region_base);
+  Put32(p + 64, request.generation);
+  Put16(p + 68, request.rank_slot);
+  Put16(p + 70, 0);  // reserved
+  Put64(p + 72, RequestMac(key, out));
   return out;
 }
 
@@ -111,19 +134,41 @@ WireError ParseRequestPreamble(std::span<const uint8_t> message, RequestPreamble
   return WireError::kOk;
 }
 
-WireError ParseRequest(std::span<const uint8_t> message, const SipKey& key, Request* out) {
+bool PeekRequestFields(std::span<const uint8_t> message, Request* out) {
+  RequestPreamble preamble;
+  if (ParseRequestPreamble(message, &preamble) != WireError::kOk ||
+      preamble.version != kVersion || message.size() < kRequestSize)
+    return false;
+  const uint8_t* p = message.data();
+  out->exporter_pid = preamble.exporter_pid;
+  out->nonce = preamble.nonce;
+  out->address = Get64(p + 32);
+  out->chunk_base = Get64(p + 40);
+  out->chunk_size = Get64(p + 48);
+  out->region_base = Get64(p + 56);
+  out->generation = Get32(p + 64);
+  out->rank_slot = Get16(p + 68);
+  return true;
+}
+
+WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   RequestPreamble preamble;
   if (WireError e = ParseRequestPreamble(message, &preamble); e != WireError::kOk) return e;
   if (preamble.version != kVersion) return WireError::kBadVersion;
   if (message.size() != kRequestSize) return WireError::kBadLength;
   const uint8_t* p = message.data();
-  if (Get16(p + 6) != 0 || Get32(p + 12) != 0) return WireError::kBadReserved;
-  if (!MacEqual(RequestMac(key, message), Get64(p + 56))) return WireError::kBadMac;
-  out->exporter_pid = preamble.exporter_pid;
-  out->nonce = preamble.nonce;
-  out->address = Get64(p + 32);
-  out->chunk_base = Get64(p + 40);
-  out->generation = Get64(p + 48);
+  if (Get16(p + 6) != 0 || Get32(p + 12) != 0 || Get16(p + 70) != 0)
+    return WireError::kBadReserved;
+  PeekRequestFields(message, out);
+  return WireError::kOk;
+}
+
+WireError ParseRequest(std::span<const uint8_t> message, const SipKey& secret, Request* out) {
+  Request claimed;
+  if (WireError e = ReadRequestFields(message, &claimed); e != WireError::kOk) return e;
+  const SipKey key = KeyFor(secret, claimed.handle());
+  if (!MacEqual(RequestMac(key, message), Get64(message.data() + 72))) return WireError::kBadMac;
+  *out = claimed;
   return WireError::kOk;
 }
 

@@ -13,7 +13,7 @@
 
 namespace vmmipc::transport::wire {
 
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kRequestMagic = 0x51524d56;  // bytes "VMRQ"
 inline constexpr uint32_t kReplyMagic = 0x50524d56;    // bytes "VMRP"
 
@@ -21,7 +21,7 @@ inline constexpr uint32_t kReplyMagic = 0x50524d56;    // bytes "VMRP"
 // keep their layout in every version, so that a server can answer a request
 // of a version it does not know with a MAC'd kBadRequest.
 inline constexpr size_t kRequestPreambleSize = 32;
-inline constexpr size_t kRequestSize = 64;
+inline constexpr size_t kRequestSize = 80;
 inline constexpr size_t kReplyHeaderSize = 32;
 inline constexpr size_t kReplyEntrySize = 24;
 // One fd per entry, so at most the kernel's SCM_MAX_FD (kMaxFdsPerMessage).
@@ -33,8 +33,29 @@ inline constexpr size_t kMaxReplySize = kReplyHeaderSize + kMaxChunksPerBatch * 
 
 using Nonce = std::array<uint8_t, 16>;
 
-// The MAC key: k0 = the exporter's token, k1 = its pid (zero-extended).
-SipKey DeriveKey(uint64_t token, uint32_t pid);
+// What a handle names, repeated in every request for it (docs/security.md,
+// "What a handle grants").
+struct HandleFields {
+  uint32_t exporter_pid = 0;
+  uint32_t generation = 0;
+  uint16_t rank_slot = 0;
+  uint64_t address = 0;
+  uint64_t chunk_base = 0;
+  uint64_t chunk_size = 0;
+  uint64_t region_base = 0;
+};
+// The handle's capability: SipHash under the exporter's secret (which never
+// leaves its process) over every field the handle names, never 0. A handle
+// whose fields were edited carries a capability that matches none of them.
+uint64_t Capability(const SipKey& secret, const HandleFields& fields);
+// The MAC key of every record about one handle: k0 = its capability, k1 =
+// the exporter's pid (zero-extended). Only the exporter and holders of that
+// handle know it.
+SipKey DeriveKey(uint64_t capability, uint32_t pid);
+// The exporter's side: the key of a request for `fields`, from its secret.
+inline SipKey KeyFor(const SipKey& secret, const HandleFields& fields) {
+  return DeriveKey(Capability(secret, fields), fields.exporter_pid);
+}
 
 enum class WireError {
   kOk = 0,
@@ -59,14 +80,32 @@ struct Request {
   Nonce nonce{};
   uint64_t address = 0;
   uint64_t chunk_base = 0;
-  uint64_t generation = 0;
+  uint64_t chunk_size = 0;
+  uint64_t region_base = 0;
+  uint32_t generation = 0;
+  uint16_t rank_slot = 0;
+
+  HandleFields handle() const {
+    return {exporter_pid, generation, rank_slot, address, chunk_base, chunk_size, region_base};
+  }
 };
 
+// MAC'd under `key`: DeriveKey(the handle's capability, exporter pid).
 std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const SipKey& key);
 // Only magic and size: enough to learn the nonce (and version) of any request.
 WireError ParseRequestPreamble(std::span<const uint8_t> message, RequestPreamble* out);
-// Everything, MAC last. `out` is filled only on kOk.
-WireError ParseRequest(std::span<const uint8_t> message, const SipKey& key, Request* out);
+// The fields of a request of this version and size, without the MAC check.
+// `out` filled on kOk.
+WireError ReadRequestFields(std::span<const uint8_t> message, Request* out);
+// What a request of this version claims to name, read at the fixed offsets
+// whatever else is wrong with it (reserved bytes, trailing bytes): the key of
+// a refusal, so that the holder of that handle can verify the refusal.
+// False when the message is too short or of another version.
+bool PeekRequestFields(std::span<const uint8_t> message, Request* out);
+// Everything, MAC last, under KeyFor(secret, the request's fields): a request
+// verifies only when it names exactly what a handle of this exporter named.
+// `out` is filled only on kOk.
+WireError ParseRequest(std::span<const uint8_t> message, const SipKey& secret, Request* out);
 
 struct ReplyHeader {
   uint16_t version = 0;

@@ -146,17 +146,20 @@ void Put(std::vector<uint8_t>* out, size_t offset, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) (*out)[offset + i] = static_cast<uint8_t>(value >> (8 * i));
 }
 
-// A version-1 request whose MAC is garbage: right preamble, wrong proof.
+// A request of this version whose MAC is garbage: right fields, wrong proof.
 std::vector<uint8_t> RawRequest(const state::Vmm2Handle& h) {
-  std::vector<uint8_t> r(64, 0);
+  std::vector<uint8_t> r(80, 0);  // docs/protocol.md, version 2
   Put(&r, 0, 0x51524d56, 4);  // "VMRQ"
-  Put(&r, 4, 1, 2);
+  Put(&r, 4, 2, 2);
   Put(&r, 8, h.pid, 4);
   for (int i = 16; i < 32; ++i) r[i] = static_cast<uint8_t>(i);
   Put(&r, 32, h.address, 8);
   Put(&r, 40, h.chunk_base, 8);
-  Put(&r, 48, h.generation, 8);
-  Put(&r, 56, 0xabababababababab, 8);
+  Put(&r, 48, h.chunk_size, 8);
+  Put(&r, 56, h.region_base, 8);
+  Put(&r, 64, h.generation, 4);
+  Put(&r, 68, h.rank_slot, 2);
+  Put(&r, 72, 0xabababababababab, 8);  // a MAC nobody made
   return r;
 }
 
@@ -174,7 +177,7 @@ int ReplyStatus(int fd, int timeout_ms) {
 
 // A process that took the socket name of a dead exporter: binds it and
 // answers every connection as `mode` says. It does not hold the exporter's
-// token, so it cannot MAC anything the importer would accept.
+// secret, so it cannot MAC anything the importer would accept.
 class Squatter {
  public:
   enum class Mode { kForgedGrant, kBareBadToken, kGarbage, kSilent };
@@ -220,7 +223,7 @@ class Squatter {
   void Answer(int conn) {
     std::vector<uint8_t> msg(32, 0);
     Put(&msg, 0, 0x50524d56, 4);  // "VMRP"
-    Put(&msg, 4, 1, 2);
+    Put(&msg, 4, 2, 2);           // the protocol's version (docs/protocol.md)
     Put(&msg, 24, 0x4242424242424242, 8);  // a MAC it cannot compute
     switch (mode_) {
       case Mode::kSilent:
@@ -671,7 +674,7 @@ TEST_F(Fault, ClientOfAnotherUidGetsOnlyAWrongUserRefusal) {
   const pid_t child = AsNobody([&] {
     const int fd = ConnectToRootsName(h.pid);
     if (fd < 0) return 21;
-    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != 64) return 22;
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != 80) return 22;
     (void)!write(sent[1], "s", 1);
     const int status = ReplyStatus(fd, 5000);
     return status == 2 ? 0 : 30 + (status & 0x3f);  // 2: kWrongUser
@@ -874,6 +877,58 @@ TEST_F(Fault, SquatterOfAnotherUidGetsNotEvenTheRequest) {
   EXPECT_EQ(Held(*importer), before);
 }
 
+// Regression (issue 12, items 6 and 7): a handle is a capability for exactly
+// what it names. Before, the exporter served any handle carrying its
+// process-wide token: rank 0's handle with its rank field set to 1 mapped
+// into rank 1's slot (and pushed rank 1's genuine memory to best-effort), and
+// a handle edited to name another mapped chunk of the exporter was served.
+TEST_F(Fault, EditedHandlesAreRefusedAndTakeNoSlot) {
+  auto exporter = Peer("exporter", "0");
+  auto rank1 = Peer("rank1", "1");
+  auto importer = Peer("importer", "3");
+  const std::string a = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 20));
+  const std::string b = Handle(*exporter, VmmBuffer(*exporter, "b", 2, 21));
+  const std::string genuine_rank1 = Handle(*rank1, VmmBuffer(*rank1, "c", 1, 22));
+  const Resources before = Held(*importer);
+  std::vector<std::pair<std::string, state::Vmm2Handle>> edits;
+  state::Vmm2Handle h = Decode(a);
+  h.rank_slot = 1;  // into rank 1's slot
+  edits.emplace_back("rank slot", h);
+  h = Decode(a);
+  h.rank_slot = state::kUnranked;
+  edits.emplace_back("rank slot to unranked", h);
+  h = Decode(a);
+  h.region_base = h.chunk_base - kChunk;  // another place in the slot
+  edits.emplace_back("region base", h);
+  // Buffer b's chunk, its generation known from b's own handle, under a's
+  // capability: what a holder of a alone should never reach.
+  const state::Vmm2Handle hb = Decode(b);
+  h = Decode(a);
+  h.address = h.chunk_base = hb.chunk_base;
+  h.chunk_size = hb.chunk_size;
+  h.region_base = hb.region_base;
+  h.generation = hb.generation;
+  edits.emplace_back("another chunk", h);
+  h = Decode(b);
+  h.address = h.chunk_base = hb.chunk_base + kChunk;  // b's second chunk
+  h.generation += 1;
+  edits.emplace_back("the next chunk, next generation", h);
+  h = Decode(a);
+  h.chunk_size *= 2;
+  edits.emplace_back("chunk size", h);
+  for (const auto& [what, edited] : edits) {
+    SCOPED_TRACE(what);
+    EXPECT_TRUE(StartsWith(importer->Call("open " + Encode(edited)),
+                           ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  }
+  EXPECT_EQ(Settled(*importer, before), before);
+  EXPECT_TRUE(LogShows(*exporter, "bad token (request MAC does not verify for pid"));
+  // Rank 1's own memory still lands in its slot, and the genuine handles work.
+  EXPECT_EQ(importer->Call("open " + genuine_rank1), "ok " + Hex(kZoneBase + 1 * kSlotSize));
+  OpenCheckClose(*importer, a, kChunk, 20);
+  OpenCheckClose(*importer, b, 2 * kChunk, 21);
+}
+
 TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
   auto exporter = Peer("exporter", "0");
   auto other = Peer("other", "2");
@@ -881,10 +936,10 @@ TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 10));
   (void)Handle(*other, VmmBuffer(*other, "b", 1, 11));  // `other` listens too
   const Resources before = Held(*importer);
-  // The same pid with another token (a new process that got the pid), and a
-  // handle whose pid now names another live vmmipc process.
+  // The same pid with another capability (a new process that got the pid),
+  // and a handle whose pid now names another live vmmipc process.
   state::Vmm2Handle stale = Decode(handle);
-  stale.token ^= 0x1;
+  stale.capability ^= 0x1;
   state::Vmm2Handle reused = Decode(handle);
   reused.pid = static_cast<uint32_t>(other->pid());
   for (const state::Vmm2Handle& h : {stale, reused}) {
@@ -959,7 +1014,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
     if (sent < 0) {
       EXPECT_EQ(send_error, EPERM);
     } else {
-      EXPECT_EQ(sent, 64);
+      EXPECT_EQ(sent, 80);
       EXPECT_EQ(ReplyStatus(fd, 2000), -1);
     }
   }
@@ -969,14 +1024,14 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   close(fd);
   // A request with a wrong MAC: bad token.
   fd = ConnectTo(pid);
-  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), 64);
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), 80);
   EXPECT_EQ(ReplyStatus(fd, 2000), 1);  // kBadToken
   close(fd);
 
   OpenCheckClose(*importer, handle, kChunk, 13);
   const std::string log = Log(*exporter);
   EXPECT_NE(log.find("not a vmmipc request (too short)"), std::string::npos);
-  EXPECT_NE(log.find("bad request (request version 1, 40 bytes: bad length)"), std::string::npos);
+  EXPECT_NE(log.find("bad request (request version 2, 40 bytes: bad length)"), std::string::npos);
   if (fd_request_sent)
     EXPECT_NE(log.find("bad request (the request carried fds)"), std::string::npos);
   EXPECT_NE(log.find("no request (peer closed the connection)"), std::string::npos);
@@ -1335,7 +1390,7 @@ TEST_F(Fault, ForkedExporterChildExportsThroughItsOwnListenerAndTheParentKeepsSe
   const state::Vmm2Handle child = Decode(child_handle);
   const state::Vmm2Handle parent = Decode(parent_handle);
   EXPECT_EQ(child.pid, Num(child_pid));
-  EXPECT_NE(child.token, parent.token) << "a forked child must not keep its parent's token";
+  EXPECT_NE(child.instance, parent.instance) << "a forked child must not keep its parent's id";
 
   const std::string child_ptr = Value(importer->Call("open " + child_handle));
   ASSERT_FALSE(child_ptr.empty());

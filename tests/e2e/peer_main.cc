@@ -513,7 +513,7 @@ std::string Reap(pid_t pid) {
 std::string ForkStorm(int n, IpcFns* fns) {
   vmmipc::state::Vmm2Handle malformed;
   malformed.pid = 1;
-  malformed.token = 0;  // token 0: refused by the decoder, with a warning line
+  malformed.capability = 0;  // capability 0: refused by the decoder, with a warning line
   malformed.chunk_size = 1;
   CUipcMemHandle h = {};
   vmmipc::state::EncodeHandle(malformed, reinterpret_cast<unsigned char*>(h.reserved));

@@ -34,12 +34,13 @@ class RankSlot : public ::testing::Test {
       GTEST_SKIP() << "simulator only: the host's GPU list here is made up";
     std::string why;
     if (!DriverAvailable(&why)) GTEST_SKIP() << why;
-    dir_ = fs::temp_directory_path() / ("vmmipc-rank-slot-" + std::to_string(getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("vmmipc-rank-slot-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ / "gpus");
     // Four GPUs, listed out of order, among entries that are not GPUs.
-    for (const char* name : {"0000:13:00.0", "0000:11:00.0", "0000:10:00.0", "0000:12:00.0",
-                             "bind", "module", "0000:zz:00.0", "new_id"})
+    for (const char* name : {"0000:13:00.0", "0000:11:00.0", "0000:10:00.0", "0000:12:00.0", "bind",
+                             "module", "0000:zz:00.0", "new_id"})
       fs::create_directories(dir_ / "gpus" / name);
   }
   void TearDown() override {
@@ -50,8 +51,7 @@ class RankSlot : public ::testing::Test {
   // A peer with no rank variable on a host of four simulated GPUs, logging
   // at info level to a file. `visible` is CUDA_VISIBLE_DEVICES ("" = unset).
   std::unique_ptr<PeerProcess> Worker(const std::string& name, const std::string& visible,
-                                      std::map<std::string, std::string> env = {},
-                                      int device = 0) {
+                                      std::map<std::string, std::string> env = {}, int device = 0) {
     env.emplace("VMMIPC_RANK", kUnset);
     env.emplace("LOCAL_RANK", kUnset);
     env.emplace("RANK", kUnset);
@@ -98,14 +98,17 @@ class RankSlot : public ::testing::Test {
   static std::string SlotOf(PeerProcess& peer, const std::string& handle) {
     const std::string fields = peer.Call("decode " + handle);
     const size_t at = fields.find("rank_slot=");
-    return at == std::string::npos ? fields : fields.substr(at + 10, fields.find(' ', at) - at - 10);
+    return at == std::string::npos ? fields
+                                   : fields.substr(at + 10, fields.find(' ', at) - at - 10);
   }
   static bool InZone(uint64_t p) { return p >= kZoneBase && p < kZoneBase + kSlots * kSlotSize; }
 
   std::unique_ptr<PeerProcess> Importer() {
-    auto importer = PeerProcess::Start(
-        {{"VMMIPC_RANK", "0"}, {"LOCAL_RANK", kUnset}, {"RANK", kUnset},
-         {"SIMCUDA_DEVICE_COUNT", "4"}, {"VMMIPC_LOG_LEVEL", "info"}});
+    auto importer = PeerProcess::Start({{"VMMIPC_RANK", "0"},
+                                        {"LOCAL_RANK", kUnset},
+                                        {"RANK", kUnset},
+                                        {"SIMCUDA_DEVICE_COUNT", "4"},
+                                        {"VMMIPC_LOG_LEVEL", "info"}});
     if (importer == nullptr) {
       ADD_FAILURE() << "cannot start the importer";
       return nullptr;
@@ -128,8 +131,8 @@ TEST_F(RankSlot, SlotIsTheHostIndexOfTheGpuWhateverTheVisibleDevicesSay) {
     int device;
     int host_index;
   };
-  for (const Case& c : {Case{"", 0, 0}, Case{"", 2, 2}, Case{"2", 0, 2}, Case{"3,1", 0, 3},
-                        Case{"3,1", 1, 1}}) {
+  for (const Case& c :
+       {Case{"", 0, 0}, Case{"", 2, 2}, Case{"2", 0, 2}, Case{"3,1", 0, 3}, Case{"3,1", 1, 1}}) {
     SCOPED_TRACE("CUDA_VISIBLE_DEVICES='" + c.visible + "' device " + std::to_string(c.device));
     uint64_t seen[2] = {0, 0};
     for (uint64_t& pointer : seen) {  // two fresh runs
@@ -231,12 +234,12 @@ TEST_F(RankSlot, RankFromPinsTheSource) {
     std::string slot;
   };
   const std::vector<Case> cases = {
-      {{{"LOCAL_RANK", "5"}}, "5"},                                  // auto: the variable first
-      {{{"LOCAL_RANK", "5"}, {"VMMIPC_RANK_FROM", "gpu"}}, "2"},     // gpu: the variable ignored
+      {{{"LOCAL_RANK", "5"}}, "5"},                               // auto: the variable first
+      {{{"LOCAL_RANK", "5"}, {"VMMIPC_RANK_FROM", "gpu"}}, "2"},  // gpu: the variable ignored
       {{{"VMMIPC_RANK", "6"}, {"VMMIPC_RANK_FROM", "gpu"}}, "2"},
-      {{{"VMMIPC_RANK_FROM", "env"}}, "unranked"},                   // env: no variable, no slot
+      {{{"VMMIPC_RANK_FROM", "env"}}, "unranked"},  // env: no variable, no slot
       {{{"VMMIPC_RANK", "6"}, {"VMMIPC_RANK_FROM", "off"}}, "unranked"},
-      {{{"VMMIPC_RANK_FROM", "sometimes"}}, "2"},                    // refused: auto stays
+      {{{"VMMIPC_RANK_FROM", "sometimes"}}, "2"},  // refused: auto stays
   };
   for (const Case& c : cases) {
     std::string name;

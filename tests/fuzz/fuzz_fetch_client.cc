@@ -29,7 +29,22 @@ namespace {
 
 using namespace transport;
 
-constexpr uint64_t kToken = 0x5eed5eed12345678ull;
+const SipKey kSecret{0x5eed5eed12345678ull, 0x0123456789abcdefull};  // the fake exporter's
+
+// What the client asks for: the handle the fake exporter made.
+transport::FetchRequest TheRequest(uint32_t pid) {
+  transport::FetchRequest request;
+  request.exporter_pid = pid;
+  request.address = 0x7f0000201000ull;
+  request.chunk_base = 0x7f0000200000ull;
+  request.chunk_size = 0x200000;
+  request.region_base = 0x7f0000000000ull;
+  request.generation = 1;
+  request.capability = wire::Capability(
+      kSecret, {pid, request.generation, request.rank_slot, request.address, request.chunk_base,
+                request.chunk_size, request.region_base});
+  return request;
+}
 constexpr size_t kMaxMessages = 12;
 constexpr size_t kMaxLength = 8192;
 
@@ -50,7 +65,7 @@ Fixture& Fix() {
   static Fixture* fixture = [] {
     auto* f = new Fixture();
     f->pid = 0x20000000u + static_cast<uint32_t>(getpid());
-    f->key = wire::DeriveKey(kToken, f->pid);
+    f->key = wire::DeriveKey(TheRequest(f->pid).capability, f->pid);
     SocketAddress address;
     std::string error;
     FUZZ_CHECK(MakeSocketAddress(geteuid(), f->pid, "", &address, &error));
@@ -76,7 +91,7 @@ void FakeExporter(const std::vector<ScriptedMessage>& script) {
   const ssize_t n = recv(conn.get(), request, sizeof(request), 0);
   FUZZ_CHECK(n == static_cast<ssize_t>(wire::kRequestSize));  // the client's request is exact
   wire::Request parsed;
-  FUZZ_CHECK(wire::ParseRequest(std::span<const uint8_t>(request, wire::kRequestSize), f.key,
+  FUZZ_CHECK(wire::ParseRequest(std::span<const uint8_t>(request, wire::kRequestSize), kSecret,
                                 &parsed) == wire::WireError::kOk);
   for (const ScriptedMessage& m : script) {
     std::vector<uint8_t> bytes = m.bytes;
@@ -129,7 +144,7 @@ std::vector<uint8_t> Encode(const std::vector<ScriptedMessage>& script) {
 
 void WriteSeeds() {
   const wire::Nonce any{};  // the MAC is fixed at run time (ctl bit 0)
-  const SipKey key = wire::DeriveKey(kToken, 1);
+  const SipKey key = wire::DeriveKey(1, 1);  // any: the MAC is fixed at run time
   auto grant = [&](uint32_t total, uint32_t index, uint64_t base, size_t count) {
     wire::ReplyHeader h;
     h.total_chunks = total;
@@ -185,12 +200,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int fds_before = CountFds();
   {
     std::thread exporter(FakeExporter, std::cref(script));
-    vmmipc::transport::FetchRequest request;
-    request.exporter_pid = Fix().pid;
-    request.token = kToken;
-    request.address = 0x7f0000201000ull;
-    request.chunk_base = 0x7f0000200000ull;
-    request.generation = 1;
+    const vmmipc::transport::FetchRequest request = TheRequest(Fix().pid);
     const vmmipc::transport::FetchResult result =
         vmmipc::transport::FetchChunks(request, {"", 5000});
     exporter.join();

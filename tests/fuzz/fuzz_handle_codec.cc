@@ -46,7 +46,7 @@ void CheckOne(const unsigned char bytes[kHandleSize]) {
   }
   // Every rule of a valid handle.
   FUZZ_CHECK(h.version == state::kHandleVersion && h.flags == 0);
-  FUZZ_CHECK(h.token != 0 && h.pid != 0);
+  FUZZ_CHECK(h.capability != 0 && h.instance != 0 && h.pid != 0);
   FUZZ_CHECK(h.chunk_size != 0 && h.address >= h.chunk_base &&
              h.address - h.chunk_base < h.chunk_size);
   FUZZ_CHECK(h.region_base <= h.chunk_base);
@@ -63,7 +63,8 @@ void WriteSeeds() {
   h.rank_slot = 1;
   h.pid = 4242;
   h.generation = 7;
-  h.token = 0x1122334455667788ull;
+  h.capability = 0x1122334455667788ull;
+  h.instance = 0xA1B2C3D4u;
   h.chunk_base = 0x7f0000200000ull;
   h.chunk_size = 0x200000;
   h.address = h.chunk_base + 0x1000;
@@ -81,7 +82,7 @@ void WriteSeeds() {
   unranked.rank_slot = state::kUnranked;
   seed("valid_unranked", 0, unranked);
   state::Vmm2Handle future = h;
-  future.version = 2;
+  future.version = 3;
   seed("future_version", 0, future);
   state::Vmm2Handle outside = h;
   outside.address = h.chunk_base + h.chunk_size;  // just past its chunk

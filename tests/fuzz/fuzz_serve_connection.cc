@@ -35,9 +35,17 @@ namespace {
 
 using namespace transport;
 
-constexpr uint64_t kToken = 0x5eed5eed12345678ull;
+const SipKey kSecret{0x5eed5eed12345678ull, 0x0123456789abcdefull};
 constexpr uint32_t kPid = 4242;
-const SipKey kKey = wire::DeriveKey(kToken, kPid);
+
+// The key the server MACs its answers to `request` with: that of the handle
+// the request names when it is of this version and long enough, else one
+// nobody holds (serve_connection.cc).
+SipKey AnswerKey(std::span<const uint8_t> request, uint32_t pid) {
+  wire::Request claimed;
+  return wire::PeekRequestFields(request, &claimed) ? wire::KeyFor(kSecret, claimed.handle())
+                                                   : wire::DeriveKey(0, pid);
+}
 
 struct HandlerSpec {
   uint8_t mode = 0;
@@ -107,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spec.shuffle = in.U8();
   std::vector<uint8_t> request = in.Bytes(std::min<uint16_t>(in.U16(), 600));
   std::vector<uint8_t> second = in.Bytes(std::min<uint16_t>(in.U16(), 600));
-  if (ctl & 1) FixRequestMac(request, kKey);
+  if (ctl & 1) FixRequestMac(request, kSecret);
 
   const int fds_before = CountFds();
   {
@@ -153,7 +161,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return reply;
     };
     ServeContext context;
-    context.key = kKey;
+    context.secret = kSecret;
     context.uid = geteuid() + (ctl & 4 ? 1 : 0);
     context.timeout_ms = 20;
     context.stop_fd = stop.get();
@@ -168,7 +176,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         sent && wire::ParseRequestPreamble(request, &preamble) == wire::WireError::kOk;
     wire::Request parsed;
     const bool verifies = has_preamble && request_fds == 0 &&
-                          wire::ParseRequest(request, kKey, &parsed) == wire::WireError::kOk;
+                          wire::ParseRequest(request, kSecret, &parsed) == wire::WireError::kOk;
     const bool stopping = ctl & 8;
     const bool wrong_uid = ctl & 4;
     FUZZ_CHECK(handler_calls == ((verifies && !wrong_uid && !stopping) ? 1 : 0));
@@ -192,7 +200,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       wire::ReplyHeader h;
       std::vector<wire::ReplyEntry> entries;
       FUZZ_CHECK(wire::ParseReply(std::span<const uint8_t>(buffer.data(), m.length), preamble.nonce,
-                                  kKey, &h, &entries) == wire::WireError::kOk);
+                                  AnswerKey(request, preamble.exporter_pid), &h,
+                                  &entries) == wire::WireError::kOk);
       FUZZ_CHECK(m.fds.size() == entries.size());
       FUZZ_CHECK(!refused);  // a refusal is the only message
       if (h.status != 0) {
@@ -261,7 +270,7 @@ void WriteSeeds() {
   r.address = 0x7f0000201000ull;
   r.chunk_base = 0x7f0000200000ull;
   r.generation = 1;
-  const auto request = wire::EncodeRequest(r, kKey);
+  const auto request = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle()));
   WriteSeed("grant_3", Seed(0, 0, 3, 0x200000, request));
   WriteSeed("grant_300_two_batches", Seed(0, 0, 300, 0x200000, request));
   WriteSeed("grant_overlapping_refused", Seed(0, 0, 3, 0x400000, request));

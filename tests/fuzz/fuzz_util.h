@@ -80,16 +80,21 @@ inline void QuietLogs() {
   if (std::getenv("FUZZ_LOG") == nullptr) log::SetLevel(log::Level::kOff);
 }
 
-// Overwrites a 64-byte request's MAC (bytes 56..64) with the right one under
-// `key`: SipHash(key, "req\0" || request[0..56)), docs/protocol.md.
-inline void FixRequestMac(std::span<uint8_t> message, const transport::SipKey& key) {
-  if (message.size() < transport::wire::kRequestSize) return;
+// Overwrites a request's MAC (bytes 72..80) with the one the exporter with
+// `secret` expects for the handle the request names: SipHash(KeyFor(secret,
+// fields), "req\0" || request[0..72)), docs/protocol.md. Requests too short or
+// of another version are left as they are.
+inline void FixRequestMac(std::span<uint8_t> message, const transport::SipKey& secret) {
+  transport::wire::Request claimed;
+  if (!transport::wire::PeekRequestFields(message, &claimed)) return;
+  const transport::SipKey key = transport::wire::KeyFor(secret, claimed.handle());
   static constexpr uint8_t kTag[4] = {'r', 'e', 'q', 0};
+  constexpr size_t kMacAt = transport::wire::kRequestSize - 8;
   transport::SipHasher h(key);
   h.Update(kTag);
-  h.Update(message.first(56));
+  h.Update(message.first(kMacAt));
   const uint64_t mac = h.Final();
-  for (int i = 0; i < 8; ++i) message[56 + i] = static_cast<uint8_t>(mac >> (8 * i));
+  for (size_t i = 0; i < 8; ++i) message[kMacAt + i] = static_cast<uint8_t>(mac >> (8 * i));
 }
 
 // Overwrites a reply message's MAC (bytes 24..32): SipHash(key, "rep\0" ||

@@ -16,15 +16,15 @@ namespace {
 
 using namespace transport;
 
-const SipKey kKey = wire::DeriveKey(0x5eed5eed12345678ull, 4242);
-const SipKey kOtherKey = wire::DeriveKey(0x5eed5eed12345678ull, 4243);  // pid reuse
+const SipKey kSecret{0x5eed5eed12345678ull, 0x0123456789abcdefull};
+const SipKey kOtherSecret{0x5eed5eed12345678ull, 0x0123456789abcdeeull};  // another process
 
 void CheckOne(const std::vector<uint8_t>& message) {
   wire::RequestPreamble preamble;
   const wire::WireError pe = wire::ParseRequestPreamble(message, &preamble);
   wire::Request request;
   request.exporter_pid = 0xdeadbeef;
-  const wire::WireError e = wire::ParseRequest(message, kKey, &request);
+  const wire::WireError e = wire::ParseRequest(message, kSecret, &request);
   FUZZ_CHECK(wire::WireErrorName(e) != nullptr);
   if (pe != wire::WireError::kOk) {
     FUZZ_CHECK(e == pe);
@@ -41,10 +41,14 @@ void CheckOne(const std::vector<uint8_t>& message) {
   FUZZ_CHECK(message.size() == wire::kRequestSize);
   FUZZ_CHECK(preamble.version == wire::kVersion);
   FUZZ_CHECK(request.exporter_pid == preamble.exporter_pid && request.nonce == preamble.nonce);
-  const auto again = wire::EncodeRequest(request, kKey);
+  const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
   FUZZ_CHECK(std::memcmp(again.data(), message.data(), wire::kRequestSize) == 0);
   wire::Request other;
-  FUZZ_CHECK(wire::ParseRequest(message, kOtherKey, &other) == wire::WireError::kBadMac);
+  FUZZ_CHECK(wire::ParseRequest(message, kOtherSecret, &other) == wire::WireError::kBadMac);
+  // Any field edited, with the MAC kept, names another handle: refused.
+  std::vector<uint8_t> edited = message;
+  edited[32 + (message[16] % 40)] ^= 1;  // a byte of the fields (32..72), picked by the nonce
+  FUZZ_CHECK(wire::ParseRequest(edited, kSecret, &other) != wire::WireError::kOk);
 }
 
 void WriteSeeds() {
@@ -53,8 +57,11 @@ void WriteSeeds() {
   for (size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<uint8_t>(0xa0 + i);
   r.address = 0x7f0000201000ull;
   r.chunk_base = 0x7f0000200000ull;
+  r.chunk_size = 0x200000;
+  r.region_base = 0x7f0000000000ull;
   r.generation = 3;
-  const auto valid = wire::EncodeRequest(r, kKey);
+  r.rank_slot = 2;
+  const auto valid = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle()));
   auto seed = [](const char* name, uint8_t mode, std::span<const uint8_t> bytes) {
     Writer w;
     w.U8(mode);
@@ -64,15 +71,18 @@ void WriteSeeds() {
   seed("valid", 0, valid);
   seed("valid_fix_mac", 1, valid);
   auto future = valid;
-  future[4] = 2;  // version 2, longer
+  future[4] = 3;  // version 3, longer
   std::vector<uint8_t> longer(future.begin(), future.end());
-  longer.resize(96, 0x55);
+  longer.resize(112, 0x55);
   seed("future_version_longer", 1, longer);
   auto flags = valid;
   flags[6] = 1;
   seed("nonzero_flags_fix_mac", 1, flags);
   seed("preamble_only", 0, std::span<const uint8_t>(valid.data(), 32));
-  seed("other_key", 0, wire::EncodeRequest(r, kOtherKey));
+  seed("other_secret", 0, wire::EncodeRequest(r, wire::KeyFor(kOtherSecret, r.handle())));
+  auto old = valid;
+  old[4] = 1;  // version 1, as 64 bytes
+  seed("version_1", 0, std::span<const uint8_t>(old.data(), 64));
 }
 
 }  // namespace
@@ -87,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   vmmipc::fuzz::Reader in(data, size);
   const uint8_t mode = in.U8();
   std::vector<uint8_t> message = in.Bytes(512);
-  if (mode & 1) vmmipc::fuzz::FixRequestMac(message, vmmipc::fuzz::kKey);
+  if (mode & 1) vmmipc::fuzz::FixRequestMac(message, vmmipc::fuzz::kSecret);
   vmmipc::fuzz::CheckOne(message);
   return 0;
 }

@@ -16,7 +16,7 @@ namespace vmmipc::core {
 namespace {
 
 // Creates the state with heap memory of its own, as an importer's: an open
-// record. Only the token comes back: no pointer to the parent's state may stay
+// record. Only the instance id comes back: no pointer to the parent's state may stay
 // on the test's stack, or LeakSanitizer would see the state through it.
 [[gnu::noinline]] uint64_t StateWithAnImport() {
   ProcessState& state = State();
@@ -32,15 +32,15 @@ namespace {
     record.chunks.push_back(target);
   }
   state.imports.AddOpen(record);
-  return state.token;
+  return state.instance;
 }
 
 TEST(CoreForkState, ForkedChildExitsCleanlyAfterAbandoningTheParentsState) {
-  const uint64_t parent_token = StateWithAnImport();
+  const uint64_t parent_instance = StateWithAnImport();
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::exit(State().token != parent_token ? 0 : 3);
+    std::exit(State().instance != parent_instance ? 0 : 3);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

@@ -1,13 +1,13 @@
 // The host's GPU list: PCI addresses as the driver, /proc and sysfs spell
 // them, folders with other entries, PCI order, and the display-class filter
 // that keeps NVSwitches out of sysfs's list.
-#include "driver/host_gpus.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include "driver/host_gpus.h"
 
 namespace vmmipc::driver {
 namespace {
@@ -27,9 +27,9 @@ TEST(HostGpus, PciAddressesParseInEverySpelling) {
   EXPECT_EQ(FormatPciAddress(*b), "0000:9a:1f.7");
   EXPECT_EQ(*ParsePciAddress("0001:18:00.0") <=> *ParsePciAddress("0000:ff:00.0"),
             std::strong_ordering::greater);
-  for (const char* bad : {"", "bind", "0000:18:00", "0000:18:00.8", "0000:18:20.0", "000:18:00.0",
-                          "0000:018:00.0", "0000:1g:00.0", "0000:18:00.0x", "0000-18-00.0",
-                          "000000000:18:00.0"})
+  for (const char* bad :
+       {"", "bind", "0000:18:00", "0000:18:00.8", "0000:18:20.0", "000:18:00.0", "0000:018:00.0",
+        "0000:1g:00.0", "0000:18:00.0x", "0000-18-00.0", "000000000:18:00.0"})
     EXPECT_FALSE(ParsePciAddress(bad)) << bad;
 }
 

@@ -17,7 +17,8 @@ Vmm2Handle Sample() {
   h.rank_slot = 3;
   h.pid = 4242;
   h.generation = 77;
-  h.token = 0x1122334455667788ull;
+  h.capability = 0x1122334455667788ull;
+  h.instance = 0xA1B2C3D4u;
   h.chunk_base = 0x7f0000200000ull;
   h.chunk_size = 2 << 20;
   h.address = h.chunk_base + 4096;
@@ -42,11 +43,12 @@ TEST(HandleCodec, LayoutIsLittleEndianAndStable) {
   unsigned char bytes[kHandleSize];
   EncodeHandle(Sample(), bytes);
   EXPECT_EQ(std::memcmp(bytes, "VMM2", 4), 0);
-  EXPECT_EQ(bytes[4], 1);  // version
+  EXPECT_EQ(bytes[4], 2);  // version
   EXPECT_EQ(bytes[6], 3);  // rank slot, low byte first
   EXPECT_EQ(bytes[8] | bytes[9] << 8, 4242);
-  EXPECT_EQ(bytes[16], 0x88);  // token, low byte first
-  for (int i = 56; i < 60; ++i) EXPECT_EQ(bytes[i], 0) << "reserved byte " << i;
+  EXPECT_EQ(bytes[16], 0x88);  // capability, low byte first
+  EXPECT_EQ(bytes[56], 0xD4);  // instance, low byte first
+  EXPECT_EQ(bytes[59], 0xA1);
 }
 
 TEST(HandleCodec, EveryByteIsDefinedWhateverTheBufferHeld) {
@@ -84,12 +86,15 @@ TEST(HandleCodec, AnySingleBitFlipIsDetected) {
 }
 
 TEST(HandleCodec, UnknownVersionIsReportedNotDecoded) {
-  Vmm2Handle h = Sample();
-  h.version = 2;
-  unsigned char bytes[kHandleSize];
-  EncodeHandle(h, bytes);
-  Vmm2Handle out;
-  EXPECT_EQ(DecodeHandle(bytes, &out), DecodeStatus::kUnknownVersion);
+  // Version 1 (a process-wide token instead of a capability) and a future 3.
+  for (uint8_t version : {1, 3}) {
+    Vmm2Handle h = Sample();
+    h.version = version;
+    unsigned char bytes[kHandleSize];
+    EncodeHandle(h, bytes);
+    Vmm2Handle out;
+    EXPECT_EQ(DecodeHandle(bytes, &out), DecodeStatus::kUnknownVersion) << int(version);
+  }
 }
 
 TEST(HandleCodec, ContradictingFieldsAreMalformed) {
@@ -103,7 +108,10 @@ TEST(HandleCodec, ContradictingFieldsAreMalformed) {
   h.address = h.chunk_base + h.chunk_size;  // one past the chunk
   EXPECT_EQ(check(h), DecodeStatus::kMalformed);
   h = Sample();
-  h.token = 0;
+  h.capability = 0;
+  EXPECT_EQ(check(h), DecodeStatus::kMalformed);
+  h = Sample();
+  h.instance = 0;
   EXPECT_EQ(check(h), DecodeStatus::kMalformed);
   h = Sample();
   h.region_base = h.chunk_base + 1;

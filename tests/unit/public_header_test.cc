@@ -13,7 +13,8 @@ namespace {
 TEST(PublicHeader, RecognisesHandlesAndReadsTheRankSlot) {
   Vmm2Handle h;
   h.pid = 7;
-  h.token = 9;
+  h.capability = 9;
+  h.instance = 11;
   h.rank_slot = 5;
   h.chunk_base = h.address = 1 << 21;
   h.chunk_size = 1 << 21;

@@ -17,6 +17,7 @@
 #include "transport/listener.h"
 #include "transport/peer_client.h"
 #include "transport/socket_address.h"
+#include "transport/wire.h"
 
 extern "C" int __real_bind(int fd, const sockaddr* address, socklen_t length);
 
@@ -45,7 +46,7 @@ extern "C" int __wrap_bind(int fd, const sockaddr* address, socklen_t length) {
 namespace vmmipc::transport {
 namespace {
 
-constexpr uint64_t kToken = 0x5eed5eed12345678ULL;
+const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};
 
 uint32_t FakePid() {
   static std::atomic<uint32_t> counter{0};
@@ -79,7 +80,7 @@ class TransportListenerPath : public ::testing::Test {
   }
   ListenerOptions Options(uint32_t pid) {
     ListenerOptions o;
-    o.token = kToken;
+    o.secret = kSecret;
     o.pid = pid;
     o.socket_dir = dir_;
     o.timeout_ms = 200;
@@ -114,8 +115,9 @@ TEST_F(TransportListenerPath, SocketFileIsOwnerOnlyFromBirth) {
   // The owner can still connect: the listener answers (here, a refusal).
   FetchRequest request;
   request.exporter_pid = pid;
-  request.token = kToken;
   request.address = request.chunk_base = 0x7f1200000000ULL;
+  request.capability = wire::Capability(
+      kSecret, {pid, 0, 0, request.address, request.chunk_base, 0, 0});
   FetchResult result = FetchChunks(request, ClientOptions{dir_, 1000});
   EXPECT_EQ(result.status, FetchStatus::kRefused) << result.detail;
 }

@@ -38,9 +38,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kToken = 0x5eed5eed12345678ULL;
+const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};  // the exporter's
 constexpr uint64_t kBase = 0x7f1200000000ULL;
 constexpr uint64_t kChunk = 4096;
+constexpr uint64_t kForged = 0xbadbadbadbadULL;  // a capability the exporter never made
 
 using vmmipc::testing::ElapsedMs;
 using vmmipc::testing::FdCount;
@@ -87,22 +88,34 @@ ServeHandler ChunksHandler(size_t count, std::atomic<int>* calls = nullptr) {
 
 ListenerOptions Options(uint32_t pid, int timeout_ms = 200, std::string dir = "") {
   ListenerOptions o;
-  o.token = kToken;
+  o.secret = kSecret;
   o.pid = pid;
   o.socket_dir = std::move(dir);
   o.timeout_ms = timeout_ms;
   return o;
 }
 
-FetchRequest Request(uint32_t pid, uint64_t token = kToken) {
+wire::HandleFields FieldsOf(const FetchRequest& r) {
+  return {r.exporter_pid, r.generation, r.rank_slot, r.address,
+          r.chunk_base,   r.chunk_size, r.region_base};
+}
+
+// A request for the handle the exporter made for kBase + 16 (capability 0:
+// the genuine one, as the exporter computes it).
+FetchRequest Request(uint32_t pid, uint64_t capability = 0) {
   FetchRequest r;
   r.exporter_pid = pid;
-  r.token = token;
   r.address = kBase + 16;
   r.chunk_base = kBase;
+  r.chunk_size = kChunk;
+  r.region_base = kBase;
   r.generation = 7;
+  r.capability = capability != 0 ? capability : wire::Capability(kSecret, FieldsOf(r));
   return r;
 }
+
+// The key of the records about Request(pid)'s handle.
+SipKey GenuineKey(uint32_t pid) { return wire::KeyFor(kSecret, FieldsOf(Request(pid))); }
 
 ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
   ClientOptions c;
@@ -195,9 +208,10 @@ wire::ReplyHeader GrantHeader(uint32_t total, uint32_t index = 0) {
   return h;
 }
 
-// Sends a raw request (as crafted by `mutate`) and returns the reply's status
-// as the client would verify it, or -1 (no reply), -2 (reply does not verify).
-int RawExchange(const SocketAddress& address, uint32_t pid, uint64_t token,
+// Sends a raw request (a genuine one for kBase, then crafted by `mutate`)
+// and returns the reply's status as a holder of the handle the sent bytes
+// name would verify it, or -1 (no reply), -2 (reply does not verify).
+int RawExchange(const SocketAddress& address, uint32_t pid,
                 const std::function<void(std::vector<uint8_t>*)>& mutate,
                 const std::vector<int>& fds = {}) {
   ScopedFd sock;
@@ -206,10 +220,16 @@ int RawExchange(const SocketAddress& address, uint32_t pid, uint64_t token,
   request.exporter_pid = pid;
   request.nonce.fill(0x5a);
   request.address = kBase;
-  const SipKey key = wire::DeriveKey(token, pid);
+  request.chunk_base = kBase;
+  request.chunk_size = kChunk;
+  request.region_base = kBase;
+  request.generation = 7;
+  SipKey key = wire::KeyFor(kSecret, request.handle());
   const auto encoded = wire::EncodeRequest(request, key);
   std::vector<uint8_t> bytes(encoded.begin(), encoded.end());
   if (mutate) mutate(&bytes);
+  if (wire::Request claimed; wire::PeekRequestFields(bytes, &claimed))
+    key = wire::KeyFor(kSecret, claimed.handle());
   if (!SendMessage(sock.get(), bytes, fds, Deadline::AfterMs(1000)).ok()) return -4;
   std::vector<uint8_t> buffer(wire::kMaxReplySize);
   ReceivedMessage m;
@@ -309,7 +329,7 @@ TEST_F(TransportListener, WrongTokenIsRefusedAsBadToken) {
   {
     auto listener = MustStart(Options(pid), ChunksHandler(1, &calls));
     ASSERT_NE(listener, nullptr);
-    FetchResult result = FetchChunks(Request(pid, kToken + 1), Client());
+    FetchResult result = FetchChunks(Request(pid, kForged), Client());
     EXPECT_EQ(result.status, FetchStatus::kRefused) << result.detail;
     EXPECT_EQ(result.refuse, RefuseReason::kBadToken);
     EXPECT_FALSE(result.verified);  // nobody can prove anything to a wrong token
@@ -428,7 +448,7 @@ TEST_F(TransportListener, SquatterWithBadMacIsUnauthenticAndLeaksNothing) {
     ScriptedServer squatter(pid, [](int fd, const wire::RequestPreamble& request) {
       wire::Nonce other = request.nonce;
       other[0] ^= 1;
-      SendReply(fd, other, wire::DeriveKey(kToken, request.exporter_pid), GrantHeader(1),
+      SendReply(fd, other, GenuineKey(request.exporter_pid), GrantHeader(1),
                 {{kBase, kChunk, 7}}, {});
     });
     FetchResult result = FetchChunks(Request(pid), Client());
@@ -451,7 +471,7 @@ TEST_F(TransportListener, SquatterWithBadMacIsUnauthenticAndLeaksNothing) {
 TEST_F(TransportListener, BadBatchFromRealKeyIsProtocolErrorAndClosesFds) {
   const uint32_t pid = FakePid();
   using Script = ScriptedServer::Script;
-  const SipKey key = wire::DeriveKey(kToken, pid);
+  const SipKey key = GenuineKey(pid);
   const std::vector<std::pair<const char*, Script>> cases = {
       {"fewer fds than entries",
        [&](int fd, const wire::RequestPreamble& r) {
@@ -597,30 +617,54 @@ TEST_F(TransportListener, MalformedRequestsAreRefusedAsBadRequest) {
     const SocketAddress address = AbstractAddress(pid);
     ASSERT_FALSE(address.display.empty());
     const int kBadRequest = static_cast<int>(RefuseReason::kBadRequest);
-    // Unknown version (its MAC is not even checked): a MAC'd kBadRequest.
-    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[4] = 2; }), kBadRequest);
+    // Another version (1: before handles were capabilities): answered with a
+    // kBadRequest that its sender cannot verify, since the fields of another
+    // version's request are not known (its handle was refused before anyway).
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[4] = 1; }), -2);
     // A longer request of a future version.
-    EXPECT_EQ(RawExchange(address, pid, kToken,
+    EXPECT_EQ(RawExchange(address, pid,
                           [](auto* b) {
                             (*b)[4] = 3;
                             b->resize(1000, 0);
                           }),
-              kBadRequest);
-    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { b->pop_back(); }), kBadRequest);
-    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[12] = 1; }), kBadRequest);
+              -2);
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { b->pop_back(); }), -2);
+    // This version with bad reserved bytes or trailing bytes: a kBadRequest
+    // the holder of the handle it names can verify.
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[12] = 1; }), kBadRequest);
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[70] = 1; }), kBadRequest);
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { b->push_back(0); }), kBadRequest);
     // A request carrying fds: where the kernel has SO_PASSRIGHTS the send
     // itself fails (-4); elsewhere the listener never takes the fds, and the
     // connection goes to the reaper, which the peer sees as a reset (-1).
     ScopedFd stray = Memfd(3);
-    EXPECT_EQ(RawExchange(address, pid, kToken, nullptr, {stray.get()}),
+    EXPECT_EQ(RawExchange(address, pid, nullptr, {stray.get()}),
               KernelRefusesPassedFds() ? -4 : -1);
     // A bad MAC: kBadToken.
-    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[40] ^= 1; }),
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[72] ^= 1; }),
               static_cast<int>(RefuseReason::kBadToken));
+    // A field edited (chunk base, size, region, generation, rank slot) with
+    // the MAC recomputed under the same capability: the capability is over
+    // the fields, so the exporter's key for them differs: kBadToken.
+    for (size_t offset : {40u, 48u, 56u, 64u, 68u}) {
+      EXPECT_EQ(RawExchange(address, pid,
+                            [offset](auto* b) {
+                              wire::Request genuine;
+                              ASSERT_TRUE(wire::PeekRequestFields(*b, &genuine));
+                              const SipKey key = wire::KeyFor(kSecret, genuine.handle());
+                              (*b)[offset] ^= 1;
+                              wire::Request edited;
+                              ASSERT_TRUE(wire::PeekRequestFields(*b, &edited));
+                              const auto again = wire::EncodeRequest(edited, key);
+                              b->assign(again.begin(), again.end());
+                            }),
+                static_cast<int>(RefuseReason::kBadToken))
+          << "byte " << offset;
+    }
     // Not a vmmipc request: no answer at all.
-    EXPECT_EQ(RawExchange(address, pid, kToken, [](auto* b) { (*b)[0] = 'X'; }), -1);
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[0] = 'X'; }), -1);
     // And the well-formed one still works.
-    EXPECT_EQ(RawExchange(address, pid, kToken, nullptr), 0);
+    EXPECT_EQ(RawExchange(address, pid, nullptr), 0);
   }
   EXPECT_EQ(calls.load(), 1);
   ExpectNoFdLeak();
@@ -773,7 +817,7 @@ TEST_F(TransportListener, OtherUidIsRefusedByTheServer) {
       std::string error;
       if (!MakeSocketAddress(0, pid, "", &address, &error)) return 11;
       // Knowing the token does not help another user.
-      const int status = RawExchange(address, pid, kToken, nullptr);
+      const int status = RawExchange(address, pid, nullptr);
       return status == static_cast<int>(RefuseReason::kWrongUser) ? 0 : 20 + status;
     });
     EXPECT_EQ(code, 0);
@@ -882,7 +926,7 @@ TEST_F(TransportListener, EventsReportRefusalsGrantsAndDrops) {
   {
     auto listener = MustStart(options, ChunksHandler(3));
     ASSERT_NE(listener, nullptr);
-    EXPECT_EQ(FetchChunks(Request(pid, kToken + 1), Client()).status, FetchStatus::kRefused);
+    EXPECT_EQ(FetchChunks(Request(pid, kForged), Client()).status, FetchStatus::kRefused);
     EXPECT_EQ(FetchChunks(Request(pid), Client()).status, FetchStatus::kOk);
     // A connection that says nothing and hangs up is dropped without an answer.
     ScopedFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -924,7 +968,9 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
     request.address = kBase + 32;
     request.chunk_base = kBase;
     request.generation = 7;
-    const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, pid));
+    request.chunk_size = kChunk;
+    request.region_base = kBase;
+    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
     ASSERT_TRUE(
         SendMessage(reader_that_never_reads.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
     usleep(50000);

@@ -23,7 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kToken = 0x5eed5eed12345678ULL;
+const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};
 constexpr uint32_t kPid = 4242;
 
 long ServeMs(ScopedFd server, uint32_t served_uid, int timeout_ms, int* handler_calls) {
@@ -32,7 +32,7 @@ long ServeMs(ScopedFd server, uint32_t served_uid, int timeout_ms, int* handler_
     return ServeReply{RefuseReason::kNotExported, "test", {}};
   };
   ServeContext context;
-  context.key = wire::DeriveKey(kToken, kPid);
+  context.secret = kSecret;
   context.uid = served_uid;
   context.timeout_ms = timeout_ms;
   context.handler = &handler;
@@ -88,7 +88,7 @@ TEST_F(TransportServeConnection, QueuedRequestOfAnotherUidStillGetsTheWrongUserR
   Pair p;
   wire::Request request;
   request.exporter_pid = kPid;
-  const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, kPid));
+  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
   ASSERT_TRUE(SendMessage(p.client.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
   int calls = 0;
   ServeMs(std::move(p.server), geteuid() + 1, 5000, &calls);
@@ -127,7 +127,7 @@ ScopedFd LingeringSocket(int linger_s, ScopedFd* keep_listener, ScopedFd* keep_s
 void SendRequestWithFd(int sock, int fd) {
   wire::Request request;
   request.exporter_pid = kPid;
-  const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, kPid));
+  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
   const int fds[] = {fd};
   ASSERT_TRUE(SendMessage(sock, bytes, fds, Deadline::AfterMs(1000)).ok());
 }
@@ -178,7 +178,7 @@ TEST_F(TransportServeConnection, APeersFdOfTheHostsLockFileLeavesTheHostsLockInP
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     wire::Request request;
     request.exporter_pid = kPid;
-    const auto bytes = wire::EncodeRequest(request, wire::DeriveKey(kToken, kPid));
+    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
     const int fds[] = {fd};
     _exit(fd >= 0 && SendMessage(p.client.get(), bytes, fds, Deadline::AfterMs(1000)).ok() ? 0 : 1);
   }

@@ -2,6 +2,8 @@
 // and each malformed case the parsers must reject.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <string>
 #include <vector>
 
 #include "transport/wire.h"
@@ -9,7 +11,8 @@
 namespace vmmipc::transport::wire {
 namespace {
 
-const SipKey kKey = DeriveKey(0x1122334455667788ULL, 4321);
+const SipKey kKey = DeriveKey(0x1122334455667788ULL, 4321);  // replies' key in these tests
+const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};  // the exporter's
 
 Request SampleRequest() {
   Request r;
@@ -17,8 +20,16 @@ Request SampleRequest() {
   for (size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<uint8_t>(0xa0 + i);
   r.address = 0x7f0000201000ULL;
   r.chunk_base = 0x7f0000200000ULL;
+  r.chunk_size = 0x200000;
+  r.region_base = 0x7f0000000000ULL;
   r.generation = 77;
+  r.rank_slot = 3;
   return r;
+}
+
+// A request as a holder of its handle MACs it.
+std::array<uint8_t, kRequestSize> Encoded(const Request& r) {
+  return EncodeRequest(r, KeyFor(kSecret, r.handle()));
 }
 
 Nonce SampleNonce() { return SampleRequest().nonce; }
@@ -40,21 +51,24 @@ ReplyHeader Header(uint16_t status, uint32_t total, uint32_t index, uint32_t cou
 
 TEST(TransportWire, RequestRoundTrip) {
   const Request in = SampleRequest();
-  const auto bytes = EncodeRequest(in, kKey);
+  const auto bytes = Encoded(in);
   Request out;
-  ASSERT_EQ(ParseRequest(bytes, kKey, &out), WireError::kOk);
+  ASSERT_EQ(ParseRequest(bytes, kSecret, &out), WireError::kOk);
   EXPECT_EQ(out.exporter_pid, in.exporter_pid);
   EXPECT_EQ(out.nonce, in.nonce);
   EXPECT_EQ(out.address, in.address);
   EXPECT_EQ(out.chunk_base, in.chunk_base);
+  EXPECT_EQ(out.chunk_size, in.chunk_size);
+  EXPECT_EQ(out.region_base, in.region_base);
   EXPECT_EQ(out.generation, in.generation);
+  EXPECT_EQ(out.rank_slot, in.rank_slot);
 }
 
 TEST(TransportWire, RequestLayoutIsFixedLittleEndian) {
-  const auto b = EncodeRequest(SampleRequest(), kKey);
-  ASSERT_EQ(b.size(), 64u);
+  const auto b = Encoded(SampleRequest());
+  ASSERT_EQ(b.size(), 80u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "VMRQ");
-  EXPECT_EQ(b[4], 1);  // version
+  EXPECT_EQ(b[4], 2);  // version
   EXPECT_EQ(b[5], 0);
   EXPECT_EQ(b[6], 0);  // flags
   EXPECT_EQ(b[7], 0);
@@ -65,73 +79,122 @@ TEST(TransportWire, RequestLayoutIsFixedLittleEndian) {
   EXPECT_EQ(b[32], 0x00);                                 // address, low byte first
   EXPECT_EQ(b[33], 0x10);
   EXPECT_EQ(b[34], 0x20);
-  EXPECT_EQ(b[48], 77);  // generation
+  EXPECT_EQ(b[50], 0x20);  // chunk size 0x200000
+  EXPECT_EQ(b[61], 0x7f);  // region base 0x7f0000000000
+  EXPECT_EQ(b[64], 77);    // generation
+  EXPECT_EQ(b[68], 3);     // rank slot
+  EXPECT_EQ(b[70], 0);     // reserved
+  EXPECT_EQ(b[71], 0);
   // Deterministic: every byte defined.
-  EXPECT_EQ(EncodeRequest(SampleRequest(), kKey), b);
+  EXPECT_EQ(Encoded(SampleRequest()), b);
 }
 
 TEST(TransportWire, RequestEveryBitIsCovered) {
-  const auto good = EncodeRequest(SampleRequest(), kKey);
+  const auto good = Encoded(SampleRequest());
   for (size_t byte = 0; byte < good.size(); ++byte) {
     for (int bit = 0; bit < 8; ++bit) {
       auto bad = good;
       bad[byte] ^= static_cast<uint8_t>(1u << bit);
       Request out;
-      EXPECT_NE(ParseRequest(bad, kKey, &out), WireError::kOk) << "byte " << byte << " bit " << bit;
+      EXPECT_NE(ParseRequest(bad, kSecret, &out), WireError::kOk)
+          << "byte " << byte << " bit " << bit;
     }
   }
 }
 
-TEST(TransportWire, RequestWrongKeyOrPidIsBadMac) {
-  const auto bytes = EncodeRequest(SampleRequest(), kKey);
+TEST(TransportWire, RequestOfAnotherSecretOrFieldsIsBadMac) {
+  const Request in = SampleRequest();
   Request out;
-  EXPECT_EQ(ParseRequest(bytes, DeriveKey(0x1122334455667789ULL, 4321), &out), WireError::kBadMac);
-  EXPECT_EQ(ParseRequest(bytes, DeriveKey(0x1122334455667788ULL, 4322), &out), WireError::kBadMac);
+  // Another process's secret (a pid reused by another vmmipc process).
+  EXPECT_EQ(ParseRequest(Encoded(in), SipKey{kSecret.k0, kSecret.k1 + 1}, &out),
+            WireError::kBadMac);
+  // A handle edited in any field, MAC'd with the original handle's key.
+  const SipKey genuine = KeyFor(kSecret, in.handle());
+  std::vector<Request> edits(7, in);
+  edits[0].address += 0x1000;
+  edits[1].chunk_base += 0x200000;
+  edits[2].chunk_size *= 2;
+  edits[3].region_base -= 0x200000;
+  edits[4].generation += 1;
+  edits[5].rank_slot = 1;
+  edits[6].exporter_pid += 1;
+  for (size_t i = 0; i < edits.size(); ++i)
+    EXPECT_EQ(ParseRequest(EncodeRequest(edits[i], genuine), kSecret, &out), WireError::kBadMac)
+        << "edit " << i;
+}
+
+TEST(TransportWire, CapabilityCoversEveryFieldAndIsNeverZero) {
+  const HandleFields base = SampleRequest().handle();
+  const uint64_t cap = Capability(kSecret, base);
+  EXPECT_NE(cap, 0u);
+  EXPECT_EQ(Capability(kSecret, base), cap);
+  std::vector<HandleFields> edits(7, base);
+  edits[0].exporter_pid ^= 1;
+  edits[1].generation ^= 1;
+  edits[2].rank_slot ^= 1;
+  edits[3].address ^= 1;
+  edits[4].chunk_base ^= 1;
+  edits[5].chunk_size ^= 1;
+  edits[6].region_base ^= 1;
+  for (size_t i = 0; i < edits.size(); ++i) EXPECT_NE(Capability(kSecret, edits[i]), cap) << i;
+  EXPECT_NE(Capability(SipKey{kSecret.k0 ^ 1, kSecret.k1}, base), cap);
+  EXPECT_EQ(KeyFor(kSecret, base).k0, cap);
+  EXPECT_EQ(KeyFor(kSecret, base).k1, base.exporter_pid);
 }
 
 TEST(TransportWire, RequestMalformed) {
-  const auto good = EncodeRequest(SampleRequest(), kKey);
+  const auto good = Encoded(SampleRequest());
   Request out;
-  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 0), kKey, &out),
+  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 0), kSecret, &out),
             WireError::kTooShort);
-  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 31), kKey, &out),
+  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 31), kSecret, &out),
             WireError::kTooShort);
-  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 63), kKey, &out),
+  EXPECT_EQ(ParseRequest(std::span<const uint8_t>(good.data(), 79), kSecret, &out),
             WireError::kBadLength);
   std::vector<uint8_t> longer(good.begin(), good.end());
   longer.push_back(0);
-  EXPECT_EQ(ParseRequest(longer, kKey, &out), WireError::kBadLength);
+  EXPECT_EQ(ParseRequest(longer, kSecret, &out), WireError::kBadLength);
 
   auto magic = good;
   magic[0] = 'X';
-  EXPECT_EQ(ParseRequest(magic, kKey, &out), WireError::kBadMagic);
+  EXPECT_EQ(ParseRequest(magic, kSecret, &out), WireError::kBadMagic);
   auto flags = good;
   flags[6] = 1;
-  EXPECT_EQ(ParseRequest(flags, kKey, &out), WireError::kBadReserved);
+  EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadReserved);
   auto reserved = good;
   reserved[13] = 1;
-  EXPECT_EQ(ParseRequest(reserved, kKey, &out), WireError::kBadReserved);
+  EXPECT_EQ(ParseRequest(reserved, kSecret, &out), WireError::kBadReserved);
+  auto reserved_tail = good;
+  reserved_tail[71] = 1;
+  EXPECT_EQ(ParseRequest(reserved_tail, kSecret, &out), WireError::kBadReserved);
   auto mac = good;
-  mac[63] ^= 0x80;
-  EXPECT_EQ(ParseRequest(mac, kKey, &out), WireError::kBadMac);
+  mac[79] ^= 0x80;
+  EXPECT_EQ(ParseRequest(mac, kSecret, &out), WireError::kBadMac);
+  // What such requests claim stays readable, for the key of the refusal.
+  Request claimed;
+  ASSERT_TRUE(PeekRequestFields(reserved_tail, &claimed));
+  EXPECT_EQ(claimed.address, SampleRequest().address);
+  EXPECT_TRUE(PeekRequestFields(longer, &claimed));
+  EXPECT_FALSE(PeekRequestFields(std::span<const uint8_t>(good.data(), 79), &claimed));
 }
 
 TEST(TransportWire, UnknownRequestVersionStillYieldsItsNonce) {
-  auto future = EncodeRequest(SampleRequest(), kKey);
-  future[4] = 2;
-  Request out;
-  EXPECT_EQ(ParseRequest(future, kKey, &out), WireError::kBadVersion);
-  // A future version may be longer; its preamble is still readable.
-  std::vector<uint8_t> longer(future.begin(), future.end());
-  longer.resize(200, 0xee);
-  EXPECT_EQ(ParseRequest(longer, kKey, &out), WireError::kBadVersion);
-  RequestPreamble preamble;
-  ASSERT_EQ(ParseRequestPreamble(longer, &preamble), WireError::kOk);
-  EXPECT_EQ(preamble.version, 2);
-  EXPECT_EQ(preamble.exporter_pid, 4321u);
-  EXPECT_EQ(preamble.nonce, SampleNonce());
-  EXPECT_EQ(ParseRequestPreamble(std::span<const uint8_t>(longer.data(), 31), &preamble),
-            WireError::kTooShort);
+  for (uint8_t version : {1, 3}) {  // the previous layout and a future one
+    auto other = Encoded(SampleRequest());
+    other[4] = version;
+    Request out;
+    EXPECT_EQ(ParseRequest(other, kSecret, &out), WireError::kBadVersion);
+    // Another version may be longer or shorter; its preamble is still readable.
+    std::vector<uint8_t> resized(other.begin(), other.end());
+    resized.resize(version == 1 ? 64 : 200, 0xee);
+    EXPECT_EQ(ParseRequest(resized, kSecret, &out), WireError::kBadVersion);
+    RequestPreamble preamble;
+    ASSERT_EQ(ParseRequestPreamble(resized, &preamble), WireError::kOk);
+    EXPECT_EQ(preamble.version, version);
+    EXPECT_EQ(preamble.nonce, SampleRequest().nonce);
+    Request claimed;
+    EXPECT_FALSE(PeekRequestFields(resized, &claimed));
+  }
 }
 
 TEST(TransportWire, ReplyRoundTrip) {
@@ -261,7 +324,7 @@ TEST(TransportWire, ReplyMalformed) {
          "chunk wrapping around");
 }
 
-TEST(TransportWire, KeysDifferByTokenAndPid) {
+TEST(TransportWire, KeysDifferByCapabilityAndPid) {
   const SipKey a = DeriveKey(1, 2);
   const SipKey b = DeriveKey(1, 3);
   const SipKey c = DeriveKey(2, 2);
