@@ -877,6 +877,37 @@ TEST_F(Fault, SquatterOfAnotherUidGetsNotEvenTheRequest) {
   EXPECT_EQ(Held(*importer), before);
 }
 
+// Regression (issue 12, item 4): torn runs. An exporter that frees and
+// re-creates a two-chunk buffer at the same address while a request for it
+// is being served must never grant chunk 0 of the handle's memory with chunk
+// 1 of the new one. The simulator holds the export of chunk 1 for a second
+// (the exported-fd cache is warm, so chunk 0 is exported first, on the
+// request's own path); meanwhile the buffer is re-created with other bytes.
+// Before the fix the grant went out torn and the open succeeded; now the run
+// is revalidated after exporting and the open fails cleanly.
+TEST_F(Fault, MemoryReCreatedWhileItsRunIsServedIsRefusedNeverTorn) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's injected delay";
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  // Warm the exported-fd cache with another buffer, so that the get below
+  // exports nothing ahead and the request's exports are the next two.
+  OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 29)), kChunk, 29);
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 30);
+  const std::string handle = Handle(*exporter, base);
+  const Resources before = Held(*importer);
+  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 2 1000"), "ok");
+  ASSERT_EQ(importer->Call("open_bg " + handle), "ok");
+  usleep(300000);  // the request is in, chunk 0 exported, chunk 1's export waiting
+  ASSERT_EQ(exporter->Call("free_vmm a"), "ok");
+  ASSERT_EQ(VmmBuffer(*exporter, "a", 2, 31), base) << "re-created elsewhere: no race to test";
+  const std::string result = importer->Call("open_bg_result", 20000);
+  EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_INVALID_HANDLE))) << result;
+  EXPECT_TRUE(LogShows(*exporter, "freed"));
+  EXPECT_EQ(Settled(*importer, before), before);
+  // The new memory, through its own handle: whole, with its own bytes.
+  OpenCheckClose(*importer, Handle(*exporter, base), 2 * kChunk, 31);
+}
+
 // Regression (issue 12, items 6 and 7): a handle is a capability for exactly
 // what it names. Before, the exporter served any handle carrying its
 // process-wide token: rank 0's handle with its rank field set to 1 mapped

@@ -256,6 +256,14 @@ std::string Inject(const std::string& name, unsigned nth, int code) {
   return fn(name.c_str(), nth, code) == 0 ? "ok" : "err bad injection";
 }
 
+// The simulator's injected delay (simcuda_inject_delay), looked up at run time.
+std::string InjectDelay(const std::string& name, unsigned nth, unsigned ms) {
+  using DelayFn = int (*)(const char*, unsigned, unsigned);
+  auto fn = reinterpret_cast<DelayFn>(dlsym(RTLD_DEFAULT, "simcuda_inject_delay"));
+  if (fn == nullptr) return "err not the simulated driver";
+  return fn(name.c_str(), nth, ms) == 0 ? "ok" : "err bad injection";
+}
+
 // Sets RLIMIT_NOFILE's soft limit so that exactly `free_fds` more descriptors can be
 // opened (new fds take the lowest free numbers below the limit). Answers the limit.
 std::string Headroom(uint64_t free_fds) {
@@ -612,6 +620,9 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
   const std::string& cmd = a[0];
   if (cmd == "inject") {  // name nth code: the simulator's nth next `name` call fails with code
     *reply = Inject(a.at(1), static_cast<unsigned>(Num(a.at(2))), static_cast<int>(Num(a.at(3))));
+  } else if (cmd == "inject_delay") {  // name nth ms: the nth next `name` call waits ms first
+    *reply = InjectDelay(a.at(1), static_cast<unsigned>(Num(a.at(2))),
+                         static_cast<unsigned>(Num(a.at(3))));
   } else if (cmd == "headroom") {  // n: exactly n more fds can be opened
     *reply = Headroom(Num(a.at(1)));
   } else if (cmd == "nofile_max") {  // soft RLIMIT_NOFILE back up to the hard one

@@ -32,7 +32,13 @@ int simcuda_get_stats(struct SimCudaStats* stats);
 // SIMCUDA_FAIL="name:nth:code[,name:nth:code...]", read by cuInit.
 int simcuda_inject_failure(const char* name, unsigned int nth, int code);
 
-// Removes every pending injected fault.
+// Makes the nth next call of `name` wait `ms` milliseconds before it does its work, without
+// holding the simulator's lock (other threads' calls go on meanwhile): a window in which a test
+// can change what the delayed call works on. Only cuMemExportToShareableHandle honours it.
+// Returns 0, or -1 on a bad argument.
+int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms);
+
+// Removes every pending injected fault and delay.
 void simcuda_clear_failures(void);
 
 #ifdef __cplusplus

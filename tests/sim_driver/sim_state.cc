@@ -95,6 +95,21 @@ CUresult Enter(State& s, const char* name) {
   return CUDA_SUCCESS;
 }
 
+void DelayIfAsked(State& s, const char* name) {
+  unsigned int ms = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto it = s.delays.begin(); it != s.delays.end(); ++it) {
+      if (it->name != name) continue;
+      if (--it->countdown > 0) return;
+      ms = static_cast<unsigned int>(it->code);
+      s.delays.erase(it);
+      break;
+    }
+  }
+  if (ms > 0) usleep(ms * 1000u);
+}
+
 bool ValidDevice(const State& s, int dev) { return dev >= 0 && dev < s.device_count; }
 
 int CurrentDevice(const State& s) {
@@ -250,8 +265,17 @@ extern "C" int simcuda_inject_failure(const char* name, unsigned int nth, int co
   return 0;
 }
 
+extern "C" int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms) {
+  if (name == nullptr || name[0] == '\0' || nth == 0 || ms == 0 || ms > 60000) return -1;
+  simcuda::State& s = St();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.delays.push_back({name, nth, static_cast<CUresult>(ms)});
+  return 0;
+}
+
 extern "C" void simcuda_clear_failures(void) {
   simcuda::State& s = St();
   std::lock_guard<std::mutex> lock(s.mu);
   s.faults.clear();
+  s.delays.clear();
 }

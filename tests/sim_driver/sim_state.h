@@ -109,6 +109,7 @@ struct State {
   std::map<uintptr_t, LegacyAlloc> legacy;
   std::map<uintptr_t, LegacyImport> imports;
   std::vector<Fault> faults;
+  std::vector<Fault> delays;  // code holds the delay in ms
 };
 
 // The one state object: built on first use, never destroyed (safe in atexit handlers).
@@ -122,6 +123,9 @@ std::vector<CUcontext>& CtxStack();
 CUresult CheckInit(const State& s);
 // CheckInit, then the pending injected fault for `name`, if it fires now.
 CUresult Enter(State& s, const char* name);
+// Waits the injected delay for `name` if it fires now (simcuda_inject_delay).
+// Takes s.mu itself: call it without holding it.
+void DelayIfAsked(State& s, const char* name);
 bool ValidDevice(const State& s, int dev);
 // The device of the current context, or -1 if the thread has none.
 int CurrentDevice(const State& s);

@@ -302,6 +302,7 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
                                       CUmemAllocationHandleType type, unsigned long long flags) {
   State& s = St();
+  simcuda::DelayIfAsked(s, "cuMemExportToShareableHandle");
   std::lock_guard<std::mutex> lock(s.mu);
   if (CUresult r = simcuda::Enter(s, "cuMemExportToShareableHandle"); r != CUDA_SUCCESS) return r;
   if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
