@@ -29,6 +29,17 @@ Vmm2Handle Sample() {
 TEST(Crc32c, MatchesTheStandardCheckValue) {
   EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
   EXPECT_EQ(Crc32c("", 0), 0u);
+  EXPECT_EQ(Crc32cPortable("123456789", 9), 0xE3069283u);
+}
+
+TEST(Crc32c, HardwareAndTableAgreeOnEveryLengthAndAlignment) {
+  std::mt19937 rng(7);
+  unsigned char buffer[80];
+  for (auto& b : buffer) b = static_cast<unsigned char>(rng());
+  for (size_t offset = 0; offset < 8; ++offset)
+    for (size_t size = 0; size + offset <= sizeof(buffer); ++size)
+      ASSERT_EQ(Crc32c(buffer + offset, size), Crc32cPortable(buffer + offset, size))
+          << "offset " << offset << " size " << size;
 }
 
 TEST(HandleCodec, RoundTripsEveryField) {
