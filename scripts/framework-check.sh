@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # framework-check.sh: real framework clients of vmmipc on one machine with two or more GPUs:
 # vLLM's custom all-reduce kernels and DeepEP's intranode test. From the repository root:
-#   bash scripts/framework-check.sh [--lib PATH] [--vllm-src DIR] [--deepep-src DIR] [--out DIR]
-# (or the variables VMMIPC_LIB, VLLM_SRC, DEEPEP_SRC, OUT). A framework whose source tree is not
-# given is skipped, and says so.
+#   bash scripts/framework-check.sh [--lib PATH] [--vllm-src DIR [--vllm-ext SO]] [--deepep-src DIR]
+#                                   [--out DIR]
+# (or the variables VMMIPC_LIB, VLLM_SRC, VLLM_EXT, DEEPEP_SRC, OUT). A framework whose source
+# tree is not given is skipped, and says so. --vllm-ext: an extension that an earlier run built
+# from the same tree (its "vllm build" row names it), to skip the compile.
 #
 # vmmipc: --lib, else built here (cmake -S . -B $FRAMEWORK_CHECK_BUILD_DIR -G Ninja, Release,
 # target vmmipc; default build dir: build).
@@ -35,15 +37,17 @@ cd "$REPO_ROOT" || exit 1
 
 LIB=${VMMIPC_LIB:-}
 VLLM_SRC=${VLLM_SRC:-}
+VLLM_EXT=${VLLM_EXT:-}
 DEEPEP_SRC=${DEEPEP_SRC:-}
 OUTDIR=${OUT:-}
 while (($#)); do
   case $1 in
     --lib) LIB=$2; shift 2 ;;
     --vllm-src) VLLM_SRC=$2; shift 2 ;;
+    --vllm-ext) VLLM_EXT=$2; shift 2 ;;
     --deepep-src) DEEPEP_SRC=$2; shift 2 ;;
     --out) OUTDIR=$2; shift 2 ;;
-    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "framework-check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -210,18 +214,27 @@ step_vllm() {
   preload=$(no_vmmipc_preload)
 
   t0=$(now)
-  log="$OUTDIR/vllm-build.log"
-  : >"$log"
-  run_logged "$log" "$(step_limit 420)" "$PYTHON" "$HARNESS/vllm_custom_ar.py" build \
-    --vllm-src "$VLLM_SRC" --build-dir "$BUILD_DIR/frameworks/vllm_custom_ar"
-  rc=$?
-  ext=$(grep -m1 '^BUILT ' "$log" | cut -d' ' -f2-)
-  if ((rc != 0)) || [[ -z $ext ]]; then
-    record "vllm build" "$(status_word $rc)" "csrc/custom_all_reduce.cu did not build (exit $rc; vllm-build.log)" \
-      $(($(now) - t0))
-    return
+  if [[ -n $VLLM_EXT ]]; then
+    if [[ ! -f $VLLM_EXT ]]; then
+      record "vllm build" FAIL "--vllm-ext $VLLM_EXT: no such file" 0
+      return
+    fi
+    ext=$(cd "$(dirname "$VLLM_EXT")" && pwd)/$(basename "$VLLM_EXT")
+    record "vllm build" PASS "given: $ext (built earlier from $VLLM_SRC)" 0
+  else
+    log="$OUTDIR/vllm-build.log"
+    : >"$log"
+    run_logged "$log" "$(step_limit 420)" "$PYTHON" "$HARNESS/vllm_custom_ar.py" build \
+      --vllm-src "$VLLM_SRC" --build-dir "$BUILD_DIR/frameworks/vllm_custom_ar"
+    rc=$?
+    ext=$(grep -m1 '^BUILT ' "$log" | cut -d' ' -f2-)
+    if ((rc != 0)) || [[ -z $ext ]]; then
+      record "vllm build" "$(status_word $rc)" "csrc/custom_all_reduce.cu did not build (exit $rc; vllm-build.log)" \
+        $(($(now) - t0))
+      return
+    fi
+    record "vllm build" PASS "$ext from $VLLM_SRC/csrc/custom_all_reduce.cu" $(($(now) - t0))
   fi
-  record "vllm build" PASS "$(basename "$ext") from $VLLM_SRC/csrc/custom_all_reduce.cu" $(($(now) - t0))
 
   # Without vmmipc, expandable segments: vLLM's CUDACHECK must stop the ranks as in vllm#42609.
   t0=$(now)

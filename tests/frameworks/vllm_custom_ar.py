@@ -168,11 +168,13 @@ def cmd_run(args):
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
+    # One GPU a rank; ranks share GPUs only when there are fewer GPUs than ranks (a smoke test:
+    # kernels of two processes on one GPU take turns, so their timings mean nothing).
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
     dist.init_process_group("gloo")  # vLLM's custom all-reduce works on a CPU (gloo) group
     rank, world = dist.get_rank(), dist.get_world_size()
     checks = Checks(rank)
-    device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", torch.cuda.current_device())
     preload = os.environ.get("LD_PRELOAD", "")
     setting = {
         "world_size": world,
