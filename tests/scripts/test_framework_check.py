@@ -14,13 +14,11 @@ Standard library only. ctest: scripts.framework_check (unit).
 """
 
 import argparse
-import json
 import os
 import stat
 import subprocess
 import sys
 import tempfile
-import textwrap
 import unittest
 
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
