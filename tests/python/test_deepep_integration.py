@@ -2,7 +2,9 @@
 """Tests of vmmipc.deepep (scripts/python/vmmipc/deepep.py) against stand-in
 deep_ep modules: the real DeepEP needs torch, CUDA and NVSHMEM, none of which
 this needs. A stand-in has the Buffer.__init__ signature of a DeepEP release
-with use_fabric (and one without) and records what it was given.
+with use_fabric (and of releases without it: older 1.x, and 2.x's legacy
+Buffer) and records what it was given. The integration never breaks a job:
+where there is nothing to rewrite it logs one line and passes through.
 
 Every case runs in a fresh Python process (imports and sys.meta_path stay
 clean), with scripts/python and the stand-in on PYTHONPATH.
@@ -49,7 +51,28 @@ class Buffer:
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
                  allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  explicitly_destroy: bool = False, comm=None) -> None:
-        self.given = dict(num_nvl_bytes=num_nvl_bytes)
+        self.given = dict(num_nvl_bytes=num_nvl_bytes, explicitly_destroy=explicitly_destroy)
+'''
+
+# DeepEP 2.x: deep_ep/buffers/legacy.py holds a Buffer without use_fabric; deep_ep re-exports it.
+STANDIN_V2_LEGACY = '''
+class Buffer:
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False,
+                 comm=None) -> None:
+        self.given = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes)
+'''
+
+# A Buffer whose __init__ signature cannot be read (as a compiled extension's may be).
+STANDIN_NO_SIGNATURE = '''
+__version__ = "standin-no-signature"
+
+class Buffer:
+    def __init__(self, *args, **kwargs):
+        self.given = dict(args=list(args[1:]), kwargs=kwargs)
+    __init__.__signature__ = "not a signature"  # inspect.signature raises TypeError
 '''
 
 
@@ -136,23 +159,92 @@ class DeepEPIntegrationTest(unittest.TestCase):
     def test_a_buffer_without_nvl_part_says_so(self):
         _, log = self.python('''
             import json, vmmipc.deepep
-            b = vmmipc.deepep.install()(None, 0, 1 << 20, True)
+            b = vmmipc.deepep.install()(None, 0, 1 << 20, True, use_fabric=True)
             print(json.dumps(b.given))
         ''', [PYTHON_DIR, self.standin(STANDIN_WITH_FABRIC)])
         self.assertIn("num_nvl_bytes=0, so this buffer has no NVL part", log)
 
-    def test_deepep_without_use_fabric_fails_loudly_at_construction(self):
-        result, _ = self.python('''
+    def test_use_fabric_false_already_passes_through_with_one_line(self):
+        given, log = self.python('''
             import json, vmmipc.deepep
-            Buffer = vmmipc.deepep.install()   # installing works
-            try:
-                Buffer(None, 1 << 20)
-            except vmmipc.deepep.DeepEPVersionError as error:
-                print(json.dumps({"error": str(error)}))
+            Buffer = vmmipc.deepep.install()
+            first = Buffer("group", 1 << 20).given          # DeepEP's default: False
+            second = Buffer("group", 2048, use_fabric=False).given
+            print(json.dumps([first, second]))
+        ''', [PYTHON_DIR, self.standin(STANDIN_WITH_FABRIC)], {"LOCAL_RANK": "1"})
+        self.assertEqual([g["use_fabric"] for g in given], [False, False])
+        self.assertEqual([g["num_nvl_bytes"] for g in given], [1 << 20, 2048])
+        lines = log.strip().splitlines()
+        self.assertEqual(len(lines), 1, log)
+        self.assertRegex(lines[0], r"\[vmmipc pid [0-9]+ rank 1\] info: deep_ep.Buffer: "
+                                   r"use_fabric is False already; vmmipc.deepep passes every "
+                                   r"argument through unchanged \(deep_ep standin-with-fabric")
+
+    def test_deepep_without_use_fabric_passes_through_with_one_line(self):
+        given, log = self.python('''
+            import json, vmmipc.deepep
+            Buffer = vmmipc.deepep.install()   # never raises
+            given = [Buffer(None, 1 << 20).given, Buffer(None, 64, explicitly_destroy=True).given]
+            print(json.dumps(given))
         ''', [PYTHON_DIR, self.standin(STANDIN_WITHOUT_FABRIC)])
-        self.assertIn("standin-without-fabric", result["error"])
-        self.assertIn("has no use_fabric parameter", result["error"])
-        self.assertIn("unset DEEPEP_VMMIPC", result["error"])
+        self.assertEqual(given, [{"num_nvl_bytes": 1 << 20, "explicitly_destroy": False},
+                                 {"num_nvl_bytes": 64, "explicitly_destroy": True}])
+        lines = log.strip().splitlines()
+        self.assertEqual(len(lines), 1, log)
+        self.assertIn("has no use_fabric parameter", lines[0])
+        self.assertIn("passes every argument through unchanged", lines[0])
+        self.assertIn("standin-without-fabric", lines[0])
+
+    def test_deepep_2_legacy_buffer_through_the_environment_hook(self):
+        folder = os.path.join(self.tmp.name, "v2")
+        os.makedirs(os.path.join(folder, "deep_ep", "buffers"))
+        with open(os.path.join(folder, "deep_ep", "buffers", "legacy.py"), "w") as handle:
+            handle.write(textwrap.dedent(STANDIN_V2_LEGACY))
+        with open(os.path.join(folder, "deep_ep", "buffers", "__init__.py"), "w") as handle:
+            handle.write("")
+        with open(os.path.join(folder, "deep_ep", "__init__.py"), "w") as handle:
+            handle.write("from .buffers.legacy import Buffer\n__version__ = '2.1.0'\n")
+        given, log = self.python('''
+            import json, deep_ep
+            print(json.dumps(deep_ep.Buffer(None, 1 << 30, 0).given))
+        ''', [PYTHON_DIR, folder], {"DEEPEP_VMMIPC": "1"})
+        self.assertEqual(given, {"num_nvl_bytes": 1 << 30, "num_rdma_bytes": 0})
+        self.assertIn("deep_ep 2.1.0", log)
+        self.assertIn("has no use_fabric parameter", log)
+
+    def test_unreadable_signature_passes_through(self):
+        given, log = self.python('''
+            import json, vmmipc.deepep
+            print(json.dumps(vmmipc.deepep.install()(None, 4096, use_fabric=True).given))
+        ''', [PYTHON_DIR, self.standin(STANDIN_NO_SIGNATURE)])
+        self.assertEqual(given, {"args": [4096], "kwargs": {"use_fabric": True}})
+        self.assertIn("has no readable signature", log)
+
+    def test_arguments_deepep_rejects_get_deepeps_own_error(self):
+        result, log = self.python('''
+            import json, vmmipc.deepep
+            Buffer = vmmipc.deepep.install()
+            try:
+                Buffer(None, 64, no_such_argument=1)
+            except TypeError as error:
+                print(json.dumps({"error": str(error)}))
+        ''', [PYTHON_DIR, self.standin(STANDIN_WITH_FABRIC)])
+        self.assertIn("no_such_argument", result["error"])
+        self.assertEqual(log, "")
+
+    def test_install_without_deep_ep_or_buffer_returns_none(self):
+        empty = os.path.join(self.tmp.name, "empty")
+        os.makedirs(os.path.join(empty, "deep_ep"))
+        with open(os.path.join(empty, "deep_ep", "__init__.py"), "w") as handle:
+            handle.write("")
+        for path, expected in (([PYTHON_DIR], "cannot be imported"),
+                               ([PYTHON_DIR, empty], "has no Buffer class")):
+            result, log = self.python('''
+                import json, vmmipc.deepep
+                print(json.dumps({"installed": vmmipc.deepep.install()}))
+            ''', path)
+            self.assertEqual(result, {"installed": None})
+            self.assertIn(expected, log)
 
     def test_environment_hook_patches_deep_ep_when_it_is_imported(self):
         given, _ = self.python('''

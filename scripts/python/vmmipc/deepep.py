@@ -13,10 +13,17 @@ in one of two ways, picked by Buffer(..., use_fabric=...):
 
 install() wraps Buffer.__init__ so that every Buffer is built with
 use_fabric=False and every other argument exactly as the framework passed it
-(num_nvl_bytes, the size the framework computed, included). On a DeepEP whose
-Buffer.__init__ has no use_fabric parameter, constructing a Buffer raises
-DeepEPVersionError: the integration was asked for and cannot do what it
-promises there, so it says so instead of guessing.
+(num_nvl_bytes, the size the framework computed, included).
+
+The wrapper never breaks a job. Where there is nothing to change it logs one
+line per process and passes every argument through untouched:
+  - this DeepEP's Buffer.__init__ has no use_fabric parameter (DeepEP 2.x's
+    legacy Buffer; 1.x releases before fabric support): it always shares the
+    NVL buffer with cudaIpcGetMemHandle;
+  - use_fabric is False already (DeepEP's default, or what the caller passed);
+  - the signature cannot be read (a compiled Buffer): nothing is rewritten.
+Arguments that do not fit the signature go to DeepEP unchanged, so the error a
+caller sees is DeepEP's own. Only use_fabric=True is rewritten (to False).
 
 Activation, either:
   - explicit, in the program:  import vmmipc.deepep; vmmipc.deepep.install()
@@ -41,7 +48,7 @@ _MARK = "__vmmipc_deepep_wrapped__"
 
 
 class DeepEPVersionError(RuntimeError):
-    """This DeepEP's Buffer cannot be told to use legacy IPC."""
+    """Kept so that code catching it still imports; vmmipc.deepep no longer raises it."""
 
 
 def enabled(environ=None):
@@ -63,18 +70,32 @@ def _wrap_init(buffer_class, original):
     except (TypeError, ValueError):
         signature = None
     has_use_fabric = signature is not None and "use_fabric" in signature.parameters
+    said = set()  # the pass-through reasons already logged in this process: one line each
+    self_placeholder = object()  # binds `self` without touching the instance
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
+    def pass_through(reason):
+        if reason not in said:
+            said.add(reason)
+            log("info", f"deep_ep.Buffer: {reason}; vmmipc.deepep passes every argument through "
+                        f"unchanged ({_describe(buffer_class)})")
+
+    def rewrite(args, kwargs):
+        """(args, kwargs) to build the Buffer with: use_fabric=True becomes False."""
+        if signature is None:
+            pass_through("Buffer.__init__ has no readable signature")
+            return args, kwargs
         if not has_use_fabric:
-            raise DeepEPVersionError(
-                f"vmmipc.deepep: {_describe(buffer_class)}: Buffer.__init__ has no use_fabric "
-                f"parameter, so the integration cannot force use_fabric=False. DeepEP versions "
-                f"without it always share the NVL buffer through cudaIpcGetMemHandle, which "
-                f"vmmipc serves without this integration: unset {ENV_VARIABLE} (or drop "
-                f"vmmipc-run --deepep) and keep libvmmipc.so in LD_PRELOAD.")
-        bound = signature.bind(self, *args, **kwargs)
+            pass_through("Buffer.__init__ has no use_fabric parameter, so this DeepEP shares the "
+                         "NVL buffer with cudaIpcGetMemHandle already")
+            return args, kwargs
+        try:
+            bound = signature.bind(self_placeholder, *args, **kwargs)
+        except TypeError:
+            return args, kwargs  # DeepEP raises its own error for these arguments
         asked = bound.arguments.get("use_fabric", signature.parameters["use_fabric"].default)
+        if not asked:
+            pass_through("use_fabric is False already")
+            return args, kwargs
         bound.arguments["use_fabric"] = False
         nvl_bytes = bound.arguments.get("num_nvl_bytes")
         if nvl_bytes is None and "num_nvl_bytes" in signature.parameters:
@@ -86,7 +107,17 @@ def _wrap_init(buffer_class, original):
         else:
             log("info", f"deep_ep.Buffer: use_fabric=False (asked: {asked}); num_nvl_bytes=0, "
                         f"so this buffer has no NVL part and no legacy IPC happens")
-        return original(*bound.args, **bound.kwargs)
+        return bound.args[1:], bound.kwargs
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        try:
+            new_args, new_kwargs = rewrite(args, kwargs)
+        except Exception as error:  # a bug here must not cost the job its Buffer
+            log("warning", f"vmmipc.deepep: {type(error).__name__}: {error}; building the "
+                           "Buffer with the arguments as given")
+            new_args, new_kwargs = args, kwargs
+        return original(self, *new_args, **new_kwargs)
 
     setattr(__init__, _MARK, True)
     return __init__
@@ -112,11 +143,16 @@ def _patch_module(module):
 
 
 def install():
-    """Imports deep_ep now and wraps deep_ep.Buffer. Returns the Buffer class."""
-    import deep_ep  # the program's DeepEP; an ImportError here is the caller's to see
-
+    """Imports deep_ep now and wraps deep_ep.Buffer. Returns the Buffer class, or None
+    (with a warning line) when deep_ep cannot be imported or has no Buffer class."""
+    try:
+        import deep_ep  # the program's DeepEP
+    except ImportError as error:
+        log("warning", f"vmmipc.deepep: deep_ep cannot be imported ({error}); nothing was "
+                       "patched")
+        return None
     if not _patch_module(deep_ep):
-        raise DeepEPVersionError("vmmipc.deepep: deep_ep has no Buffer class")
+        return None
     return deep_ep.Buffer
 
 
