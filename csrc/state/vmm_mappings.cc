@@ -142,8 +142,7 @@ bool VmmMappings::CloseCachedFdsInForkedChild() {
 }
 
 size_t VmmMappings::cached_fd_count() const {
-  std::shared_lock lock(mutex_);
-  return cached_fds_;
+  return cached_fds_.load(std::memory_order_relaxed);
 }
 
 }  // namespace vmmipc::state

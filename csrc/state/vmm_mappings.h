@@ -19,6 +19,7 @@
 // a concurrent Take cannot close the fd being duplicated.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -99,7 +100,9 @@ class VmmMappings {
   std::map<uint64_t, Record> records_;      // by base
   uint32_t next_generation_ = 0x80000000u;  // apart from handle generations (ChunkGenerations)
   size_t fd_limit_ = 1024;
-  size_t cached_fds_ = 0;
+  // Written under mutex_; read without it by cached_fd_count(), which every
+  // get asks (a second shared lock per get cost more than the rest of it).
+  std::atomic<size_t> cached_fds_{0};
   uint64_t clock_ = 0;
 };
 
