@@ -12,7 +12,7 @@
 #include <climits>
 #include <cstring>
 
-#include "common/status.h"
+#include "common/syscall.h"
 #include "transport/fd_reaper.h"
 
 namespace vmmipc::transport {

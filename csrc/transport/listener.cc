@@ -23,7 +23,7 @@
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
-#include "common/status.h"
+#include "common/syscall.h"
 #include "transport/fd_channel.h"
 #include "transport/serve_connection.h"
 #include "transport/socket_address.h"

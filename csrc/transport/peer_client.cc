@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "common/status.h"
+#include "common/syscall.h"
 #include "transport/fd_channel.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"

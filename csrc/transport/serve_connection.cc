@@ -14,7 +14,7 @@
 #include <exception>
 
 #include "common/log.h"
-#include "common/status.h"
+#include "common/syscall.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "common/status.h"
+#include "common/syscall.h"
 
 namespace vmmipc::transport {
 
