@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/crc32c.h"
+#include "common/little_endian.h"
 
 namespace vmmipc::state {
 namespace {
@@ -17,14 +18,12 @@ constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffFlags = 5, kOffRank = 6, kO
 
 template <typename T>
 void Put(unsigned char* out, size_t offset, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[offset + i] = static_cast<unsigned char>(value >> (8 * i));
+  StoreLE<T>(out + offset, value);
 }
 
 template <typename T>
 T Get(const unsigned char* in, size_t offset) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(in[offset + i]) << (8 * i);
-  return value;
+  return LoadLE<T>(in + offset);
 }
 
 }  // namespace

@@ -5,14 +5,12 @@
 
 #include <bit>
 
+#include "common/little_endian.h"
+
 namespace vmmipc::transport {
 namespace {
 
-uint64_t Load64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+uint64_t Load64(const uint8_t* p) { return LoadLE<uint64_t>(p); }
 
 inline void SipRound(uint64_t& v0, uint64_t& v1, uint64_t& v2, uint64_t& v3) {
   v0 += v1;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "common/little_endian.h"
+
 namespace vmmipc::transport::wire {
 namespace {
 
@@ -13,26 +15,12 @@ constexpr uint8_t kRequestTag[4] = {'r', 'e', 'q', 0};
 constexpr uint8_t kReplyTag[4] = {'r', 'e', 'p', 0};
 constexpr uint8_t kCapabilityTag[4] = {'c', 'a', 'p', 0};
 
-void Put16(uint8_t* p, uint16_t v) {
-  for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t Get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+void Put16(uint8_t* p, uint16_t v) { StoreLE(p, v); }
+void Put32(uint8_t* p, uint32_t v) { StoreLE(p, v); }
+void Put64(uint8_t* p, uint64_t v) { StoreLE(p, v); }
+uint16_t Get16(const uint8_t* p) { return LoadLE<uint16_t>(p); }
+uint32_t Get32(const uint8_t* p) { return LoadLE<uint32_t>(p); }
+uint64_t Get64(const uint8_t* p) { return LoadLE<uint64_t>(p); }
 
 // Request MAC: SipHash(key, "req\0" || request bytes [0, 72)).
 uint64_t RequestMac(const SipKey& key, std::span<const uint8_t> message) {
