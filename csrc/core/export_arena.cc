@@ -14,30 +14,13 @@ namespace {
 // minimum and recommended): carves are aligned to at least this.
 constexpr uint64_t kGranularity = 2ull << 20;
 
-bool Overlaps(uint64_t a, uint64_t a_size, uint64_t b, uint64_t b_size) {
-  return a < b + b_size && b < a + a_size;
-}
-
-// Reserves the arena on first use. Caller holds arena_mutex.
+// Reserves the arena on first use. Caller holds arena_mutex. The layout was
+// settled by config::Parse (the arena fits one slot, overlaps neither zone,
+// ends below the top of user space, or is off), so only the driver can refuse.
 void EnsureArenaLocked(ProcessState& state) {
   if (state.arena_state != ArenaState::kUntried) return;
   state.arena_state = ArenaState::kUnavailable;
   const config::Params& p = config::Get();
-  const uint64_t zone_size = static_cast<uint64_t>(p.zone_slots) * p.slot_size;
-  if (p.arena_size > p.slot_size) {
-    VMMIPC_LOG_ERROR(
-        "export arena off: VMMIPC_ARENA_SIZE (0x{:x}) is larger than "
-        "VMMIPC_SLOT_SIZE (0x{:x}), so it could not mirror into one importer slot",
-        p.arena_size, p.slot_size);
-    return;
-  }
-  for (uint64_t zone : {p.zone_base, p.zone_fallback_base}) {
-    if (zone != 0 && Overlaps(p.arena_base, p.arena_size, zone, zone_size)) {
-      VMMIPC_LOG_ERROR("export arena off: [0x{:x}, +0x{:x}) overlaps the import zone at 0x{:x}",
-                       p.arena_base, p.arena_size, zone);
-      return;
-    }
-  }
   CUdeviceptr got = 0;
   CUresult result = VMMIPC_REAL(MemAddressReserve, &got, p.arena_size, 0, p.arena_base, 0);
   if (result != CUDA_SUCCESS || got != p.arena_base) {

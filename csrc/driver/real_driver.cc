@@ -5,7 +5,6 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -17,7 +16,6 @@ namespace vmmipc::driver {
 namespace {
 
 RealDriver g_loaded;
-std::atomic<const RealDriver*> g_override{nullptr};
 std::once_flag g_once;
 bool g_ok = false;
 
@@ -86,13 +84,11 @@ void Load() {
 }  // namespace
 
 const RealDriver& Real() {
-  if (const RealDriver* table = g_override.load(std::memory_order_acquire)) return *table;
   std::call_once(g_once, Load);
   return g_loaded;
 }
 
 bool Loaded() {
-  if (g_override.load(std::memory_order_acquire) != nullptr) return true;
   Real();
   return g_ok;
 }
@@ -110,10 +106,6 @@ const char* ErrorName(CUresult result) {
       name != nullptr)
     return name;
   return "CUDA_ERROR_UNKNOWN_CODE";
-}
-
-void OverrideForTesting(const RealDriver* table) {
-  g_override.store(table, std::memory_order_release);
 }
 
 }  // namespace vmmipc::driver

@@ -65,9 +65,6 @@ CUresult MissingEntryPoint(const char* member);
 // Human name of a CUresult for log lines ("CUDA_ERROR_INVALID_VALUE (1)").
 const char* ErrorName(CUresult result);
 
-// For tests: installs a different table (nullptr restores the loaded one).
-void OverrideForTesting(const RealDriver* table);
-
 }  // namespace vmmipc::driver
 
 // Calls a real driver function that might be missing from an old libcuda:

@@ -30,7 +30,6 @@ class ArenaCarver {
 
   uint64_t size() const { return size_; }
   uint64_t used() const { return used_; }
-  size_t carve_count() const { return carved_.size(); }
 
  private:
   uint64_t size_;
