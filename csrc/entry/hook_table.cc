@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "common/log.h"
 #include "config/params.h"
@@ -25,16 +26,17 @@ extern const size_t kHookCount;
 
 namespace {
 
-constexpr size_t kMaxHooks = 32;
-void* g_real[kMaxHooks] = {};  // real driver pointer of kHooks[i]
+// The real driver pointer of kHooks[i], one per hook whatever their number
+// (constant-initialized: nothing runs at load time).
+std::vector<void*> g_real;
 std::once_flag g_real_once;
 
 void ResolveReal() {
+  g_real.assign(kHookCount, nullptr);
   const driver::RealDriver& real = driver::Real();
   if (real.library == nullptr) return;
   driver::DlsymFn real_dlsym = driver::RealDlsym();
-  for (size_t i = 0; i < kHookCount && i < kMaxHooks; ++i)
-    g_real[i] = real_dlsym(real.library, kHooks[i].name);
+  for (size_t i = 0; i < kHookCount; ++i) g_real[i] = real_dlsym(real.library, kHooks[i].name);
 }
 
 // When the driver's pointer matches no exported symbol (a driver that hands
@@ -60,7 +62,7 @@ void* HookByName(const char* name) {
 
 void* SubstituteHook(const char* symbol, int version, void* real) {
   std::call_once(g_real_once, ResolveReal);
-  for (size_t i = 0; i < kHookCount && i < kMaxHooks; ++i)
+  for (size_t i = 0; i < g_real.size(); ++i)
     if (g_real[i] == real) return kHooks[i].hook;
   if (void* hook = HookByVersion(symbol, version)) {
     VMMIPC_LOG_DEBUG("cuGetProcAddress({}, {}) returned an unexported entry point; hooked by name",
