@@ -60,57 +60,19 @@ PYTHON=${PYTHON:-python3}
 BUDGET_S=${FRAMEWORK_CHECK_BUDGET_S:-900}
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + BUDGET_S))
-NO_BUDGET=200
+CHECK_KEEP_S=20     # for the summary
+CHECK_MIN_STEP_S=10
+# shellcheck source=scripts/check-steps.sh
+source "$REPO_ROOT/scripts/check-steps.sh"
 HARNESS="$REPO_ROOT/tests/frameworks"
 TORCHRUN=("$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2)
 # The checks need no NVLink multicast (NVLS); keep NCCL (DeepEP's process group) off it.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export PYTHONUNBUFFERED=1
 
-ROWS=()
-ANY_FAILED=0
 ANY_RAN=0
 GPU_LINE="no GPU"
 : >"$OUTDIR/summary.partial.md"
-
-now() { date +%s; }
-
-step_limit() {  # seconds for the next step: WANTED, cut to what is left (20 s kept for the end)
-  local left=$((DEADLINE_S - $(now) - 20))
-  if ((left < $1)); then echo "$left"; else echo "$1"; fi
-}
-
-# run_logged LOG LIMIT CMD...: CMD under timeout; output to the terminal and to LOG.
-run_logged() {
-  local log=$1 limit=$2
-  shift 2
-  if ((limit < 10)); then
-    echo "not started: the time budget (${BUDGET_S}s) is spent" | tee -a "$log"
-    return "$NO_BUDGET"
-  fi
-  echo "+ (timeout ${limit}s) $*" | tee -a "$log"
-  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | tee -a "$log"
-  return "${PIPESTATUS[0]}"
-}
-
-# record STEP RESULT DETAIL SECONDS (RESULT: PASS, FAIL, TIMEOUT, SKIP, MISSED).
-record() {
-  local detail=${3//|//}
-  ROWS+=("| $1 | $2 | $detail | ${4}s |")
-  case $2 in FAIL | TIMEOUT) ANY_FAILED=1 ;; esac
-  echo "| $1 | $2 | $detail | ${4}s |" >>"$OUTDIR/summary.partial.md"
-  echo "==> $1: $2 - $detail (${4}s)"
-}
-
-banner() { printf '\n======== %s ========\n' "$1"; }
-
-status_word() {  # PASS / TIMEOUT / FAIL for an exit status
-  case $1 in
-    0) echo PASS ;;
-    124 | 137 | "$NO_BUDGET") echo TIMEOUT ;;
-    *) echo FAIL ;;
-  esac
-}
 
 # --- environment and library -----------------------------------------------------------------
 
@@ -181,7 +143,7 @@ step_library() {
   if ((rc == 0)) && [[ -f $LIB ]]; then
     record library PASS "built: $LIB" $(($(now) - t0))
   else
-    record library "$(status_word $rc)" "cmake configure/build failed (exit $rc; library.log)" \
+    record library "$(status_result $rc)" "cmake configure/build failed (exit $rc; library.log)" \
       $(($(now) - t0))
     LIB=""
   fi
@@ -229,7 +191,7 @@ step_vllm() {
     rc=$?
     ext=$(grep -m1 '^BUILT ' "$log" | cut -d' ' -f2-)
     if ((rc != 0)) || [[ -z $ext ]]; then
-      record "vllm build" "$(status_word $rc)" "csrc/custom_all_reduce.cu did not build (exit $rc; vllm-build.log)" \
+      record "vllm build" "$(status_result $rc)" "csrc/custom_all_reduce.cu did not build (exit $rc; vllm-build.log)" \
         $(($(now) - t0))
       return
     fi
@@ -276,7 +238,7 @@ step_vllm() {
     local summary exports
     summary=$(grep -m1 -oE '^SUMMARY vllm_custom_ar: .*' "$log" | cut -d' ' -f3-)
     exports=$(grep -cE '\] info: vmmipc .* exporting' "$log")
-    record "vllm $name" "$(status_word $rc)" \
+    record "vllm $name" "$(status_result $rc)" \
       "${summary:-no SUMMARY line}$([[ $name == vmmipc-* ]] && echo "; vmmipc exporting lines: $exports"); exit $rc" \
       $(($(now) - t0))
   done
@@ -288,7 +250,7 @@ step_vllm() {
     run_logged "$log" "$(step_limit 60)" "$PYTHON" "$HARNESS/vllm_custom_ar.py" compare \
       --pointers "$OUTDIR/vllm-vmmipc-1.json" "$OUTDIR/vllm-vmmipc-2.json"
     rc=$?
-    record "vllm pointers" "$(status_word $rc)" \
+    record "vllm pointers" "$(status_result $rc)" \
       "$(grep -m1 -oE '^POINTERS [A-Z]+' "$log" | cut -d' ' -f2) in two fresh vmmipc runs: $(grep -m1 -oE 'rank 0 graph_peer_ptrs: [0-9]+ entries' "$log" | cut -d' ' -f4) graph buffers a rank" \
       $(($(now) - t0))
   else
@@ -371,7 +333,7 @@ print(find("torch_memory_saver_hook_mode_preload"))')
     record "deepep with vmmipc" PASS "DeepEP's test_intranode checks passed on 2 ranks; vmmipc exporting lines: $exports; hook: ${hook:-no line}" \
       $(($(now) - t0))
   else
-    record "deepep with vmmipc" "$(status_word $rc)" "exit $rc (deepep-vmmipc.log); hook: ${hook:-no line}" \
+    record "deepep with vmmipc" "$(status_result $rc)" "exit $rc (deepep-vmmipc.log); hook: ${hook:-no line}" \
       $(($(now) - t0))
   fi
 }

@@ -26,59 +26,15 @@ BUDGET_S=${GPU_CHECK_BUDGET_S:-510}
 START_S=$(date +%s)
 DEADLINE_S=$((START_S + BUDGET_S))
 LIB="$REPO_ROOT/$BUILD_DIR/csrc/libvmmipc.so"
-NO_BUDGET=200  # run_logged's status when the budget is spent before the step starts
 
-ROWS=()
-ANY_FAILED=0
+# shellcheck source=scripts/check-steps.sh
+source "$REPO_ROOT/scripts/check-steps.sh"
 GPU_LINE="no GPU"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
 : >"$OUTDIR/summary.partial.md"
 
 # --- helpers ---------------------------------------------------------------------------------
 
-now() { date +%s; }
-
-# step_limit WANTED: seconds for the next step: WANTED, cut to what is left of the budget
-# (keeping 15 s for the summary).
-step_limit() {
-  local left=$((DEADLINE_S - $(now) - 15))
-  if ((left < $1)); then echo "$left"; else echo "$1"; fi
-}
-
-# run_logged LOG LIMIT CMD...: CMD under timeout, output to the terminal and appended to LOG.
-# Returns CMD's status (124/137: timed out; NO_BUDGET: not started).
-run_logged() {
-  local log=$1 limit=$2
-  shift 2
-  if ((limit < 5)); then
-    echo "not started: the time budget (${BUDGET_S}s) is spent" | tee -a "$log"
-    return "$NO_BUDGET"
-  fi
-  echo "+ (timeout ${limit}s) $*" | tee -a "$log"
-  timeout -k 10 "$limit" "$@" </dev/null 2>&1 | tee -a "$log"
-  return "${PIPESTATUS[0]}"
-}
-
-# record STEP RESULT DETAIL SECONDS: one row of the final table (PASS, FAIL, SKIP, TIMEOUT).
-record() {
-  local detail=${3//|//}
-  ROWS+=("| $1 | $2 | $detail | ${4}s |")
-  if [[ $2 == FAIL || $2 == TIMEOUT ]]; then ANY_FAILED=1; fi
-  echo "| $1 | $2 | $detail | ${4}s |" >>"$OUTDIR/summary.partial.md"
-  echo "==> $1: $2 - $detail (${4}s)"
-}
-
-# status_result RC: PASS, TIMEOUT or FAIL for a command's exit status.
-status_result() {
-  case $1 in
-    0) echo PASS ;;
-    124 | 137) echo TIMEOUT ;;
-    "$NO_BUDGET") echo TIMEOUT ;;
-    *) echo FAIL ;;
-  esac
-}
-
-banner() { printf '\n======== %s ========\n' "$1"; }
 
 # --- steps -----------------------------------------------------------------------------------
 
