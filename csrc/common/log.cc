@@ -5,6 +5,7 @@
 #include "common/log.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <spdlog/logger.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -131,8 +132,16 @@ int OpenLogFile(std::string* why) {
   return fd;
 }
 
+void ResetInForkedChild() { ResetAfterFork(); }
+
 // Under g_create_mutex.
 spdlog::logger* CreateLogger() {
+  // A child forked by a process that logs but never made vmmipc's process
+  // state (whose fork handler also calls ResetAfterFork) still gets a logger
+  // of its own, and its own file with %p. Registered on first use, never at
+  // load time; calling ResetAfterFork twice in a child is harmless.
+  static bool fork_handler = pthread_atfork(nullptr, nullptr, ResetInForkedChild) == 0;
+  (void)fork_handler;
   std::string why_not_file;
   const bool wanted = g_file_pattern[0] != '\0' || g_file_pattern_too_long;
   if (wanted && g_file_fd < 0 && !g_file_failed) {

@@ -196,6 +196,24 @@ TEST_F(LogFileTest, AForkedChildWritesItsOwnFileWhenTheNameHasPid) {
   EXPECT_THAT(own, Not(HasSubstr("parent")));
 }
 
+// The log registers its own fork handler: a child of a process that never
+// made vmmipc's process state (which calls ResetAfterFork too) also gets its file.
+TEST_F(LogFileTest, AForkedChildGetsItsOwnFileWithoutBeingToldTo) {
+  SetFile(dir_ + "/w.%p.log");
+  VMMIPC_LOG_INFO("parent before fork");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    VMMIPC_LOG_INFO("child line");
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_THAT(Read(dir_ + "/w." + std::to_string(child) + ".log"), HasSubstr("child line"));
+  EXPECT_THAT(Read(dir_ + "/w." + std::to_string(getpid()) + ".log"), Not(HasSubstr("child")));
+}
+
 // Without %p parent and child share the file; each line carries its own pid.
 TEST_F(LogFileTest, WithoutPidAForkedChildAppendsToTheSameFile) {
   const std::string path = dir_ + "/shared.log";
