@@ -1,8 +1,8 @@
 // Process counters for VMMIPC_STATS=1: a fixed set of relaxed atomics that
 // the export, import and listener paths bump, and one block printed in the
-// log (stderr, or VMMIPC_LOG_FILE) at exit. Counting is a single atomic add and never allocates or logs; the
-// exit report is registered lazily (on first use of the library, never at
-// load time). This file owns the counters and the report, not the decisions
+// log (stderr, or VMMIPC_LOG_FILE) at exit. Counting is a single atomic add
+// and never allocates or logs; the exit report is registered lazily (on first
+// use of the library, never at load time). This file owns the counters and the report, not the decisions
 // of when to count: those live with the code that does the work.
 #pragma once
 

@@ -15,7 +15,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "wheel_smoke: $*" >&2; exit 1; }
 
-python3 -m venv "$work/venv" || fail "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)"
+python3 -m venv "$work/venv" ||
+  fail "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)"
 py=$work/venv/bin/python
 if ! "$py" -m pip install --quiet . >"$work/pip.log" 2>&1; then
   cat "$work/pip.log" >&2
@@ -24,12 +25,14 @@ fi
 
 lib=$("$py" -m vmmipc --lib) || fail "python -m vmmipc --lib failed"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
-[ "$lib" = "$site/vmmipc/libvmmipc.so" ] || fail "python -m vmmipc --lib: $lib, expected $site/vmmipc/libvmmipc.so"
+[ "$lib" = "$site/vmmipc/libvmmipc.so" ] ||
+  fail "python -m vmmipc --lib: $lib, expected $site/vmmipc/libvmmipc.so"
 [ -f "$lib" ] || fail "$lib does not exist"
 [ -x "$work/venv/bin/vmmipc-run" ] || fail "no vmmipc-run console script"
 if command -v readelf >/dev/null; then
   needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')
-  [ "$needed" = "libc.so.6 libgcc_s.so.1 libstdc++.so.6 " ] || fail "the wheel's library needs: $needed"
+  [ "$needed" = "libc.so.6 libgcc_s.so.1 libstdc++.so.6 " ] ||
+    fail "the wheel's library needs: $needed"
 fi
 out=$("$py" -m vmmipc --print-env)
 [ "$out" = "export LD_PRELOAD=$lib" ] || fail "python -m vmmipc --print-env: $out"
@@ -46,13 +49,18 @@ grep -q "^VERDICT: WARN: " <<<"$out" || fail "--check verdict: $out"
 # shellcheck disable=SC2016  # expanded by the child shell
 out=$(env -u LD_PRELOAD "$work/venv/bin/vmmipc-run" -- sh -c 'echo "$LD_PRELOAD"')
 [ "$out" = "$lib" ] || fail "vmmipc-run preloaded '$out'"
-out=$(env LD_PRELOAD=/x/libother.so "$py" -c \
-  'import subprocess, vmmipc; print(subprocess.run(["sh", "-c", "echo $LD_PRELOAD"], env=vmmipc.preload_env(), capture_output=True, text=True).stdout.strip())')
-[ "$out" = "$lib:/x/libother.so" ] || fail "vmmipc.preload_env(): LD_PRELOAD '$out'"
+# shellcheck disable=SC2016  # expanded by the child shell
+out=$(env -u LD_PRELOAD "$py" -c 'import subprocess, vmmipc
+print(subprocess.run(["sh", "-c", "echo $LD_PRELOAD"], env=vmmipc.preload_env(),
+                     capture_output=True, text=True).stdout.strip())
+print(vmmipc.preload_env({"LD_PRELOAD": "/x/libother.so"})["LD_PRELOAD"])')
+[ "$out" = "$lib"$'\n'"$lib:/x/libother.so" ] || fail "vmmipc.preload_env(): LD_PRELOAD '$out'"
 out=$(env -u LD_PRELOAD -u PYTHONPATH "$work/venv/bin/vmmipc-run" --deepep -- "$py" -c \
   'import sys, sitecustomize as s; print(any(type(f).__name__ == "_ImportHook" for f in sys.meta_path), s.__file__)')
-[ "$out" = "True $site/vmmipc/_site/sitecustomize.py" ] || fail "--deepep did not activate the wheel's hook: $out"
+[ "$out" = "True $site/vmmipc/_site/sitecustomize.py" ] ||
+  fail "--deepep did not activate the wheel's hook: $out"
 
 # The demo, preloading the installed library (its peer program comes from the build).
-DEMO_LIB=$lib BUILD_DIR=$(realpath --relative-to=. "$build") scripts/demo.sh || fail "the demo failed with the installed library"
+DEMO_LIB=$lib BUILD_DIR=$(realpath --relative-to=. "$build") scripts/demo.sh ||
+  fail "the demo failed with the installed library"
 echo "wheel_smoke: ok ($lib)"
