@@ -3,13 +3,16 @@
 # sharing VMM memory through legacy CUDA IPC with libvmmipc.so preloaded, on
 # the GPU when there is one, else on the project's simulated driver. It runs
 # the pair twice to show that the importer's address is the same in fresh runs.
+# DEMO_LIB=PATH preloads that library instead of the build's (CI: the one a
+# `pip install .` put in its virtual environment, from `python -m vmmipc --lib`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 [ -f "$BUILD_DIR/CMakeCache.txt" ] || scripts/setup.sh
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target vmmipc vmmipc_peer >/dev/null
 
-lib="$PWD/$BUILD_DIR/csrc/libvmmipc.so"
+lib="${DEMO_LIB:-$PWD/$BUILD_DIR/csrc/libvmmipc.so}"
+[ -f "$lib" ] || { echo "demo: no library at $lib" >&2; exit 1; }
 peer="$PWD/$BUILD_DIR/tests/e2e/vmmipc_peer"
 if "$peer" probe >/dev/null 2>&1; then
   where="the GPU (real CUDA driver)"
@@ -49,6 +52,7 @@ ask() {  # name command
 }
 
 echo "vmmipc demo on $where"
+[ -z "${DEMO_LIB:-}" ] || echo "library: $lib"
 for run in 1 2; do
   start_peer EXPORTER 0
   ask EXPORTER init >/dev/null

@@ -1,10 +1,14 @@
 // Logging for a library that lives in someone else's process: one line per
-// event on stderr, tagged "vmmipc" with pid and rank, like NCCL_DEBUG output.
-// spdlog stays behind log.cc (no spdlog in any header); fmt is header-only.
+// event on stderr (or the file VMMIPC_LOG_FILE names), tagged "vmmipc" with
+// pid and rank, like NCCL_DEBUG output; and the one formatter of byte counts
+// for log lines. spdlog stays behind log.cc (no spdlog in any header); fmt is
+// header-only.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace vmmipc::log {
@@ -22,9 +26,23 @@ Level GetLevel();
 void SetRank(int rank, bool from_gpu = false);
 inline bool Enabled(Level level) { return static_cast<int>(level) >= static_cast<int>(GetLevel()); }
 void Write(Level level, std::string_view message) noexcept;
+// Where lines go from the next one on: the file `pattern` names ("%h" the
+// host name, "%p" the pid, "%%" a percent sign; VMMIPC_LOG_FILE), or stderr
+// when it is empty. The file is opened with the first line written after this
+// call, never here: O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC, mode 0600. If it
+// cannot be opened, lines go to stderr, after one warning there that says why.
+void SetFile(std::string_view pattern) noexcept;
+// The file name `pattern` stands for in process `pid` on host `host`.
+std::string ExpandFileName(std::string_view pattern, std::string_view host, long pid);
 // Called in a forked child: the parent's sink mutex may be held by a thread
-// that does not exist in the child, so the logger is rebuilt.
+// that does not exist in the child, so the logger is rebuilt. A file whose
+// name holds "%p" is the parent's: the child opens its own with its next line.
 void ResetAfterFork() noexcept;
+
+// A byte count for people: whole binary units when exact ("4 MiB", "1 TiB"),
+// one decimal when not ("3.5 MiB", "4.0 MiB" for 4 MiB + 1), exact bytes below
+// 1 KiB ("512 bytes"). Addresses stay in hex; this is for sizes only.
+std::string Bytes(uint64_t bytes);
 
 template <typename... Args>
 void Log(Level level, fmt::format_string<Args...> format, Args&&... args) noexcept {

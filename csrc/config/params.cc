@@ -1,5 +1,6 @@
-// Parsing of the parameter table in params.def, and the one check of the
-// address layout the values form together (zones and arena).
+// Parsing of the parameter table in params.def, the one check of the address
+// layout the values form together (zones and arena), and the summary of the
+// effective configuration that a process logs once.
 #include "config/params.h"
 
 #include <cctype>
@@ -36,6 +37,16 @@ bool Assign(std::string* field, Kind, const char* text) {
 }
 bool Assign(log::Level* field, Kind, const char* text) {
   return log::ParseLevel(Trim(text), field);
+}
+
+// A value as the configuration line shows it: as the variable would be set.
+std::string Show(bool value) { return value ? "1" : "0"; }
+std::string Show(int64_t value) { return std::to_string(value); }
+std::string Show(uint64_t value) { return fmt::format("0x{:x}", value); }
+std::string Show(log::Level value) { return log::LevelName(value); }
+std::string Show(const std::string& value) {
+  if (!value.empty() && value.find_first_of(" \t'\"") == std::string::npos) return value;
+  return fmt::format("'{}'", value);  // empty, or with blanks: quoted, so the line still splits
 }
 
 // Values checked beyond their syntax; returns a reason, or nullptr when fine.
@@ -83,7 +94,7 @@ bool Overlaps(uint64_t a, uint64_t a_size, uint64_t b, uint64_t b_size) {
 }
 
 std::string Span(const char* what, uint64_t base, uint64_t size) {
-  return fmt::format("the {} [0x{:x}, +0x{:x})", what, base, size);
+  return fmt::format("the {} [0x{:x}, +{})", what, base, log::Bytes(size));
 }
 
 // Why [base, base + size) cannot be reserved: it wraps around or ends past
@@ -107,22 +118,23 @@ struct LayoutPart {
   const char* off_text = "";
 };
 
-void Settle(const LayoutPart& part) {
+void Settle(const LayoutPart& part, std::vector<std::string>* warnings) {
   const std::string why = part.problem();
   if (why.empty()) return;
   if (part.at_default) {
-    VMMIPC_LOG_WARN("{} (the default): {}; {}", part.values, why, part.off_text);
+    warnings->push_back(fmt::format("{} (the default): {}; {}", part.values, why, part.off_text));
     part.turn_off();
     return;
   }
   part.use_default();
   const std::string why_default = part.problem();
   if (why_default.empty()) {
-    VMMIPC_LOG_WARN("ignoring {}: {}; using the default {}", part.values, why, part.default_text);
+    warnings->push_back(
+        fmt::format("ignoring {}: {}; using the default {}", part.values, why, part.default_text));
     return;
   }
-  VMMIPC_LOG_WARN("ignoring {}: {}; the default {} does not fit either ({}); {}", part.values, why,
-                  part.default_text, why_default, part.off_text);
+  warnings->push_back(fmt::format("ignoring {}: {}; the default {} does not fit either ({}); {}",
+                                  part.values, why, part.default_text, why_default, part.off_text));
   part.turn_off();
 }
 
@@ -135,13 +147,14 @@ void SettleLayout(Params* p) {
   const bool wraps =
       __builtin_mul_overflow(static_cast<uint64_t>(p->zone_slots), p->slot_size, &zone_size);
   if (wraps || zone_size > kUserAddressEnd) {
-    VMMIPC_LOG_WARN(
+    p->warnings.push_back(fmt::format(
         "ignoring VMMIPC_ZONE_SLOTS={} and VMMIPC_SLOT_SIZE=0x{:x}: the import zone (slots x slot "
         "size) {}; using the defaults {} x 0x{:x}",
         p->zone_slots, p->slot_size,
-        wraps ? std::string("overflows 64 bits")
-              : fmt::format("is 0x{:x} bytes, more than the 47-bit user address space", zone_size),
-        d.zone_slots, d.slot_size);
+        wraps
+            ? std::string("overflows 64 bits")
+            : fmt::format("is {}, more than the 47-bit user address space", log::Bytes(zone_size)),
+        d.zone_slots, d.slot_size));
     p->zone_slots = d.zone_slots;
     p->slot_size = d.slot_size;
     zone_size = static_cast<uint64_t>(p->zone_slots) * p->slot_size;
@@ -159,7 +172,7 @@ void SettleLayout(Params* p) {
   zone.off_text =
       "no import zone at VMMIPC_ZONE_BASE (the fallback zone is tried, else peers are placed "
       "best-effort)";
-  Settle(zone);
+  Settle(zone, &p->warnings);
 
   LayoutPart fallback;
   fallback.values = fmt::format("VMMIPC_ZONE_FALLBACK_BASE=0x{:x}", p->zone_fallback_base);
@@ -177,7 +190,7 @@ void SettleLayout(Params* p) {
   fallback.use_default = [&] { p->zone_fallback_base = d.zone_fallback_base; };
   fallback.turn_off = [&] { p->zone_fallback_base = 0; };
   fallback.off_text = "no fallback zone";
-  Settle(fallback);
+  Settle(fallback, &p->warnings);
 
   if (!p->arena) return;  // off by choice: nothing to check
   LayoutPart arena;
@@ -190,9 +203,9 @@ void SettleLayout(Params* p) {
     // into the exporter's one slot in every importer.
     if (size > p->slot_size)
       return fmt::format(
-          "the export arena's size 0x{:x} is larger than VMMIPC_SLOT_SIZE (0x{:x}), so it could "
-          "not mirror into one importer slot",
-          size, p->slot_size);
+          "the export arena's size {} is larger than VMMIPC_SLOT_SIZE ({}), so it could not "
+          "mirror into one importer slot",
+          log::Bytes(size), log::Bytes(p->slot_size));
     std::string why = PastTheTop("export arena", base, size);
     if (!why.empty()) return why;
     for (auto [what, other] : {std::pair{"import zone", p->zone_base},
@@ -209,7 +222,7 @@ void SettleLayout(Params* p) {
   };
   arena.turn_off = [&] { p->arena = false; };
   arena.off_text = "export arena off (a ranked process's own addresses may differ between runs)";
-  Settle(arena);
+  Settle(arena, &p->warnings);
 }
 
 }  // namespace
@@ -285,17 +298,18 @@ Params Parse(const EnvLookup& lookup) {
   // Defaults first, from the same table text that the docs show.
   Params params = Defaults();
   // Then the environment; a bad value is reported and the default kept.
-#define VMMIPC_PARAM(field, name, kind, def, doc)                                            \
-  if (const char* text = lookup(name); text != nullptr) {                                    \
-    auto saved = params.field;                                                               \
-    const char* why = Assign(&params.field, Kind::kind, text) ? Invalid(params, name)        \
-                                                              : "cannot be parsed";          \
-    if (why != nullptr) {                                                                    \
-      params.field = saved;                                                                  \
-      VMMIPC_LOG_WARN("ignoring {}='{}': {}; using the default {}", name, text, why, def);   \
-    } else if (!strcmp(name, "VMMIPC_RANK")) {                                               \
-      params.rank_source = "VMMIPC_RANK";                                                    \
-    }                                                                                        \
+#define VMMIPC_PARAM(field, name, kind, def, doc)                                             \
+  if (const char* text = lookup(name); text != nullptr) {                                     \
+    auto saved = params.field;                                                                \
+    const char* why =                                                                         \
+        Assign(&params.field, Kind::kind, text) ? Invalid(params, name) : "cannot be parsed"; \
+    if (why != nullptr) {                                                                     \
+      params.field = saved;                                                                   \
+      params.warnings.push_back(                                                              \
+          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def));   \
+    } else if (!strcmp(name, "VMMIPC_RANK")) {                                                \
+      params.rank_source = "VMMIPC_RANK";                                                     \
+    }                                                                                         \
   }
 #include "config/params.def"
 #undef VMMIPC_PARAM
@@ -320,7 +334,8 @@ Params Parse(const EnvLookup& lookup) {
         params.rank_source = name;
         break;
       }
-      VMMIPC_LOG_WARN("ignoring {}='{}': not a rank between 0 and 65534", name, text);
+      params.warnings.push_back(
+          fmt::format("ignoring {}='{}': not a rank between 0 and 65534", name, text));
     }
   }
   return params;
@@ -329,8 +344,44 @@ Params Parse(const EnvLookup& lookup) {
 const Params& Get() {
   static Params* params = nullptr;  // never destroyed: hooks may run during exit
   static std::once_flag once;
-  std::call_once(once, [] { params = new Params(Parse([](const char* n) { return std::getenv(n); })); });
+  std::call_once(once, [] {
+    params = new Params(Parse([](const char* n) { return std::getenv(n); }));
+    // The log learns everything it needs before the first warning, so that
+    // line already carries the rank and goes where VMMIPC_LOG_FILE says.
+    log::SetLevel(params->log_level);
+    log::SetRank(static_cast<int>(params->rank));
+    log::SetFile(params->log_file);
+    for (const std::string& warning : params->warnings) VMMIPC_LOG_WARN("{}", warning);
+  });
   return *params;
+}
+
+std::string Describe(const Params& params) {
+  const Params defaults = Defaults();
+  std::string changed;
+  auto add = [&](const char* name, const std::string& value) {
+    if (!changed.empty()) changed += ' ';
+    changed += fmt::format("{}={}", name, value);
+  };
+  // The rank has its own part below (it may come from LOCAL_RANK or RANK).
+#define VMMIPC_PARAM(field, name, kind, def, doc)                         \
+  if (params.field != defaults.field && strcmp(name, "VMMIPC_RANK") != 0) \
+    add(name, Show(params.field));
+#include "config/params.def"
+#undef VMMIPC_PARAM
+  std::string rank;
+  if (params.rank >= 0)
+    rank = fmt::format("rank {} from {}", params.rank, params.rank_source);
+  else if (params.slot_from_gpu())
+    rank = params.rank_from == "gpu"
+               ? "rank slot from the GPU on first export (VMMIPC_RANK_FROM=gpu)"
+               : "rank slot from the GPU on first export (no rank variable)";
+  else
+    rank = params.rank_from == "off" ? "unranked (VMMIPC_RANK_FROM=off)"
+                                     : "unranked (no rank variable)";
+  return fmt::format("config: {}; {}",
+                     changed.empty() ? std::string("all defaults") : changed + " (others default)",
+                     rank);
 }
 
 }  // namespace vmmipc::config

@@ -2,12 +2,14 @@
 // params.def (name, kind, default, doc), parsed once, and read through Get().
 // Invalid values are warned about and ignored (the default stays); so is an
 // address layout (import zone, fallback zone, export arena) that does not fit.
+// Also the one-line summary of the effective configuration (Describe).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/log.h"
 
@@ -25,6 +27,7 @@ struct ParamSpec {
 struct Params {
   bool enable = true;
   log::Level log_level = log::Level::kWarn;
+  std::string log_file;
   int64_t rank = -1;
   std::string rank_from;
   std::string host_gpus;
@@ -44,6 +47,9 @@ struct Params {
   int64_t listener_threads = 4;
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
   std::string rank_source = "none";
+  // What Parse found wrong, one warning line each, in order. Get() logs them
+  // once the log knows the rank, so they carry the right tag.
+  std::vector<std::string> warnings;
 
   // A process with no rank from a variable may get one slot per GPU it
   // exports from (core/rank_slot.h).
@@ -69,11 +75,19 @@ std::span<const ParamSpec> AllParams();
 // export arena must each end below kUserAddressEnd, not overlap one another,
 // and the arena must fit one slot. A part that does not falls back to its
 // defaults, or is turned off when they do not fit either (zone_base 0,
-// zone_fallback_base 0, arena false), with one warning line naming the
-// variables. The result always satisfies these bounds.
+// zone_fallback_base 0, arena false), with one warning naming the variables.
+// The result always satisfies these bounds. Parse logs nothing: the warnings
+// are in the result's `warnings`.
 Params Parse(const EnvLookup& lookup);
-// The process's parameters, parsed from the environment on first call.
+// The process's parameters, parsed from the environment on first call. That
+// call also sets the log's level, rank and file from them, then logs the
+// warnings of Parse.
 const Params& Get();
+// The effective configuration on one line, for the log: every variable whose
+// value differs from its default (VMMIPC_RANK aside), then the rank and where
+// it came from, e.g. "config: VMMIPC_LOG_LEVEL=info VMMIPC_STATS=1 (others
+// default); rank 0 from LOCAL_RANK".
+std::string Describe(const Params& params);
 
 // Value parsers, exposed for tests. They accept surrounding whitespace.
 bool ParseBool(const char* text, bool* out);

@@ -27,16 +27,16 @@ void EnsureArenaLocked(ProcessState& state) {
     // The address is only a hint to the driver: a moved arena is no arena.
     if (result == CUDA_SUCCESS) (void)VMMIPC_REAL(MemAddressFree, got, p.arena_size);
     VMMIPC_LOG_WARN(
-        "export arena off: cannot reserve 0x{:x} bytes at 0x{:x} ({}); this "
+        "export arena off: cannot reserve {} at 0x{:x} ({}); this "
         "process's own addresses may differ between runs",
-        p.arena_size, p.arena_base,
+        log::Bytes(p.arena_size), p.arena_base,
         result == CUDA_SUCCESS ? "the address is taken" : driver::ErrorName(result));
     return;
   }
   state.arena_base = got;
   state.arena = std::make_unique<state::ArenaCarver>(p.arena_size);
   state.arena_state = ArenaState::kReserved;
-  VMMIPC_LOG_INFO("export arena at 0x{:x}: 0x{:x} bytes", got, p.arena_size);
+  VMMIPC_LOG_INFO("export arena at 0x{:x}: {}", got, log::Bytes(p.arena_size));
 }
 
 bool ArenaApplies(const ProcessState& state, CUdeviceptr address, unsigned long long flags) {
@@ -59,16 +59,16 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, 
       const uint64_t align = alignment > kGranularity ? alignment : kGranularity;
       if (std::optional<uint64_t> offset = state.arena->Take(size, align)) {
         *pointer = state.arena_base + *offset;
-        VMMIPC_LOG_DEBUG("arena: reserved 0x{:x} bytes at 0x{:x}", size, *pointer);
+        VMMIPC_LOG_DEBUG("arena: reserved {} at 0x{:x}", log::Bytes(size), *pointer);
         return CUDA_SUCCESS;
       }
       if (!state.arena_exhausted_warned) {
         state.arena_exhausted_warned = true;
         VMMIPC_LOG_WARN(
-            "export arena full (0x{:x} of 0x{:x} bytes used, 0x{:x} asked): this "
+            "export arena full ({} of {} used, {} asked): this "
             "and later such reservations go to the driver and are not deterministic "
             "(raise VMMIPC_ARENA_SIZE and VMMIPC_SLOT_SIZE)",
-            state.arena->used(), state.arena->size(), size);
+            log::Bytes(state.arena->used()), log::Bytes(state.arena->size()), log::Bytes(size));
       }
     }
   }

@@ -153,15 +153,15 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
     }
   }
   if (repeat_collision)
-    VMMIPC_LOG_DEBUG("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid,
+    VMMIPC_LOG_DEBUG("placing {} from pid {} best-effort: {}", log::Bytes(run_size), h.pid,
                      why_not);
   else if (h.rank_slot == state::kUnranked)
-    VMMIPC_LOG_INFO("placing 0x{:x} bytes from pid {} best-effort: {}", run_size, h.pid, why_not);
+    VMMIPC_LOG_INFO("placing {} from pid {} best-effort: {}", log::Bytes(run_size), h.pid, why_not);
   else
     VMMIPC_LOG_WARN(
-        "placing 0x{:x} bytes from pid {} (rank {}) best-effort, not at a "
+        "placing {} from pid {} (rank {}) best-effort, not at a "
         "deterministic address: {}",
-        run_size, h.pid, h.rank_slot, why_not);
+        log::Bytes(run_size), h.pid, h.rank_slot, why_not);
   stats::Count(stats::Counter::kPlacementsBestEffort);
   VMMIPC_RETURN_IF_ERROR(ReserveAnywhere(run_size, &placement->private_reservation));
   placement->private_size = run_size;

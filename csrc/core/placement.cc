@@ -16,7 +16,7 @@ bool TryReserveAt(uint64_t want, uint64_t size) {
   CUdeviceptr got = 0;
   CUresult result = VMMIPC_REAL(MemAddressReserve, &got, size, 0, want, 0);
   if (result != CUDA_SUCCESS) {
-    VMMIPC_LOG_WARN("import zone: reserving 0x{:x} bytes at 0x{:x} failed: {}", size, want,
+    VMMIPC_LOG_WARN("import zone: reserving {} at 0x{:x} failed: {}", log::Bytes(size), want,
                     driver::ErrorName(result));
     return false;
   }
@@ -41,8 +41,8 @@ void EnsureZone(ProcessState& state) {
     zone.base = base;
     state.zone = zone;
     state.zone_state = ZoneState::kReserved;
-    VMMIPC_LOG_INFO("import zone at 0x{:x}: {} slots of 0x{:x} bytes", base, zone.slots,
-                    zone.slot_size);
+    VMMIPC_LOG_INFO("import zone at 0x{:x}: {} slots of {}", base, zone.slots,
+                    log::Bytes(zone.slot_size));
     return;
   }
   VMMIPC_LOG_WARN(

@@ -46,7 +46,10 @@ void NewIdentity(ProcessState* state) {
 ProcessState* Create() {
   const config::Params& params = config::Get();
   log::SetLevel(params.log_level);
+  // Again here for a forked child, whose parent may have logged a slot from the GPU.
   log::SetRank(static_cast<int>(params.rank));
+  // Once per process (and per forked child): what this process runs with.
+  VMMIPC_LOG_INFO("{}", config::Describe(params));
   auto* state = new ProcessState();  // never freed, on purpose
   state->pid = static_cast<uint32_t>(getpid());
   NewIdentity(state);

@@ -45,12 +45,11 @@ std::string Group(Counter first, Counter last, bool only_nonzero) {
   return out.empty() ? std::string("none") : out;
 }
 
-std::string Bytes(uint64_t bytes) {
-  if (bytes >= (1ull << 30))
-    return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ull << 30));
-  if (bytes >= (1ull << 20))
-    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1ull << 20));
-  return fmt::format("{} B", bytes);
+// Whether any counter in [first, last] is non-zero.
+bool Any(Counter first, Counter last) {
+  for (int i = static_cast<int>(first); i <= static_cast<int>(last); ++i)
+    if (g_counters[i].load(std::memory_order_relaxed) != 0) return true;
+  return false;
 }
 
 void ExitHandler() { WriteReport(); }
@@ -132,16 +131,28 @@ void CountRefusal(transport::RefuseReason reason) noexcept {
 }
 
 std::string Format() {
+  // A section where nothing happened says "none": an importer-only process
+  // shows no row of export zeros, and a reader sees at once which side ran.
   std::string out = fmt::format("vmmipc {} stats at exit:\n", VMMIPC_VERSION_STRING);
-  out +=
-      "  export: " + Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false) + "\n";
-  out += "  listener: " + Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
-         Group(Counter::kConnectionsDropped, Counter::kConnectionsReaped, false) +
-         "; refusals: " + Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true) +
+  out += "  export: " +
+         (Any(Counter::kHandlesExported, Counter::kExportRefusedOther)
+              ? Group(Counter::kHandlesExported, Counter::kExportRefusedOther, false)
+              : std::string("none")) +
          "\n";
-  out += "  import: " + Group(Counter::kHandlesOpened, Counter::kPlacementsBestEffort, false) +
-         fmt::format(" (mapped {}, unmapped {})", Bytes(Get(Counter::kBytesMapped)),
-                     Bytes(Get(Counter::kBytesUnmapped))) +
+  out += "  listener: " +
+         (Any(Counter::kRequestsServed, Counter::kConnectionsReaped)
+              ? Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
+                    Group(Counter::kConnectionsDropped, Counter::kConnectionsReaped, false) +
+                    "; refusals: " +
+                    Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true)
+              : std::string("none")) +
+         "\n";
+  out += "  import: " +
+         (Any(Counter::kHandlesOpened, Counter::kPlacementsBestEffort)
+              ? Group(Counter::kHandlesOpened, Counter::kPlacementsBestEffort, false) +
+                    fmt::format(" (mapped {}, unmapped {})", log::Bytes(Get(Counter::kBytesMapped)),
+                                log::Bytes(Get(Counter::kBytesUnmapped)))
+              : std::string("none")) +
          "\n";
   out += "  open failures: " +
          Group(Counter::kOpenFailedNoExporter, Counter::kOpenFailedInvalid, true);

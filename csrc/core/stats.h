@@ -1,8 +1,8 @@
 // Process counters for VMMIPC_STATS=1: a fixed set of relaxed atomics that
-// the export, import and listener paths bump, and one block printed on stderr
-// at exit. Counting is a single atomic add and never allocates or logs; the
-// exit report is registered lazily (on first use of the library, never at
-// load time). This file owns the counters and the report, not the decisions
+// the export, import and listener paths bump, and one block printed in the
+// log (stderr, or VMMIPC_LOG_FILE) at exit. Counting is a single atomic add
+// and never allocates or logs; the exit report is registered lazily (on first
+// use of the library, never at load time). This file owns the counters and the report, not the decisions
 // of when to count: those live with the code that does the work.
 #pragma once
 
@@ -83,7 +83,8 @@ void CountFetchFailure(transport::FetchStatus status) noexcept;
 void CountRefusal(transport::RefuseReason reason) noexcept;
 
 // The report: a few lines (no trailing newline, no log prefix), grouped as
-// export / listener / import / failures; zero failure counters are left out.
+// export / listener / import / failures. A section where every counter is
+// zero says "none"; zero refusal and failure counters are left out.
 std::string Format();
 
 // When VMMIPC_STATS=1, registers (once per process) an atexit handler that

@@ -1,6 +1,8 @@
 """sitecustomize of vmmipc's Python integrations.
 
-`vmmipc-run --deepep` puts this folder on PYTHONPATH and sets DEEPEP_VMMIPC=1;
+`vmmipc-run --deepep` puts this folder on PYTHONPATH (scripts/python, share/vmmipc/python,
+or vmmipc/_site of a `pip install .`, whose vmmipc package is then the one installed
+in that Python) and sets DEEPEP_VMMIPC=1;
 Python then imports this file at start-up (the site module does), in every
 process of the job, torchrun's workers included. With DEEPEP_VMMIPC=1 it
 arranges for deep_ep.Buffer to be wrapped when the program imports deep_ep

@@ -16,7 +16,8 @@ fail() { echo "install_smoke: $*" >&2; exit 1; }
 lib=$(find "$work/p" -name libvmmipc.so -type f | head -1)
 [ -n "$lib" ] || fail "no libvmmipc.so installed"
 libdir=${lib%/libvmmipc.so}
-for f in bin/vmmipc-run share/vmmipc/python/vmmipc/deepep.py share/vmmipc/python/sitecustomize.py \
+for f in bin/vmmipc-run share/vmmipc/python/vmmipc/deepep.py share/vmmipc/python/vmmipc/run.py \
+         share/vmmipc/python/vmmipc/__main__.py share/vmmipc/python/sitecustomize.py \
          share/doc/vmmipc/README.md share/doc/vmmipc/docs/configuration.md \
          share/doc/vmmipc/docs/bench-h200.png; do
   [ -e "$work/p/$f" ] || fail "$f not installed"
@@ -48,8 +49,8 @@ check_tree() {  # prefix
     [[ $out == *-lvmmipc* ]] || fail "pkg-config --libs: $out"
     local dir=${out#-L}; dir=${dir%% *}
     [ -f "$dir/libvmmipc.so" ] || fail "pkg-config's -L$dir has no libvmmipc.so"
-    [ "$(PKG_CONFIG_PATH=$pcdir pkg-config --modversion vmmipc)" \
-      = "$(sed -n 's/^VERSION = "\(.*\)".*/\1/p' "$p/bin/vmmipc-run")" ] || fail "pkg-config version"
+    [ "vmmipc-run $(PKG_CONFIG_PATH=$pcdir pkg-config --modversion vmmipc)" \
+      = "$("$p/bin/vmmipc-run" --version)" ] || fail "pkg-config version"
   fi
 }
 check_tree "$work/p"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Tests of scripts/vmmipc-run: its table of variables against params.def, its
-parsers against the library's, LD_PRELOAD handling, the run mode's environment,
-and --check without a driver and (with --sim-dir) on the simulated driver.
+"""Tests of the launcher (the module vmmipc.run, scripts/python/vmmipc/run.py, run through
+its wrapper scripts/vmmipc-run): its table of variables against params.def, its parsers
+against the library's, LD_PRELOAD handling, the run mode's environment, where it finds the
+library (install tree, wheel), `python -m vmmipc`, and --check without a driver and (with
+--sim-dir) on the simulated driver.
 
   test_vmmipc_run.py --lib build/csrc/libvmmipc.so [--sim-dir build/sim] [unittest args]
 
@@ -21,12 +23,14 @@ import unittest
 
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(SOURCE_DIR, "scripts", "vmmipc-run")
+PYTHON_DIR = os.path.join(SOURCE_DIR, "scripts", "python")
+MODULE = os.path.join(PYTHON_DIR, "vmmipc", "run.py")
 OPTIONS = argparse.Namespace(lib=None, sim_dir=None)
 NO_DRIVER = "libcuda-that-does-not-exist.so.1"
 
 
 def load_script():
-    loader = importlib.machinery.SourceFileLoader("vmmipc_run", SCRIPT)
+    loader = importlib.machinery.SourceFileLoader("vmmipc_run", MODULE)
     spec = importlib.util.spec_from_loader("vmmipc_run", loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
@@ -68,7 +72,10 @@ class ConfigTableTest(unittest.TestCase):
         with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as handle:
             version = re.search(r"project\(vmmipc VERSION ([0-9.]+)", handle.read()).group(1)
         self.assertEqual(run_module.VERSION, version)
-        sys.path.insert(0, os.path.join(SOURCE_DIR, "scripts", "python"))
+        with open(os.path.join(SOURCE_DIR, "pyproject.toml")) as handle:
+            self.assertEqual(re.search(r'^version = "([0-9.]+)"', handle.read(), re.M).group(1),
+                             version)
+        sys.path.insert(0, PYTHON_DIR)
         try:
             import vmmipc
         finally:
@@ -188,7 +195,8 @@ class LauncherTest(unittest.TestCase):
     def print_env(self, args, **env):
         script = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in "
                   "['LD_PRELOAD', 'VMMIPC_RANK', 'VMMIPC_LOG_LEVEL', 'VMMIPC_STATS', "
-                  "'VMMIPC_SOCKET_DIR', 'LOCAL_RANK', 'RANK', 'DEEPEP_VMMIPC', 'PYTHONPATH']}))")
+                  "'VMMIPC_SOCKET_DIR', 'VMMIPC_LOG_FILE', 'LOCAL_RANK', 'RANK', 'DEEPEP_VMMIPC', "
+                  "'PYTHONPATH']}))")
         result = run(["--lib", self.lib] + args + ["--", sys.executable, "-c", script],
                      clean_env(**env))
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -254,6 +262,8 @@ class LauncherTest(unittest.TestCase):
             os.makedirs(os.path.join(prefix, "bin"))
             os.makedirs(os.path.join(prefix, "lib"))
             shutil.copy(SCRIPT, os.path.join(prefix, "bin", "vmmipc-run"))
+            shutil.copytree(os.path.join(PYTHON_DIR, "vmmipc"),
+                            os.path.join(prefix, "share", "vmmipc", "python", "vmmipc"))
             shutil.copy(self.lib, os.path.join(prefix, "lib", "libvmmipc.so"))
             result = subprocess.run([sys.executable, os.path.join(prefix, "bin", "vmmipc-run"),
                                      "--print-env"], env=clean_env(), capture_output=True,
@@ -261,6 +271,99 @@ class LauncherTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn(os.path.join(os.path.realpath(prefix), "lib", "libvmmipc.so"),
                           result.stdout)
+
+    def test_a_wrapper_without_its_package_says_so(self):
+        with tempfile.TemporaryDirectory() as prefix:
+            os.makedirs(os.path.join(prefix, "bin"))
+            shutil.copy(SCRIPT, os.path.join(prefix, "bin", "vmmipc-run"))
+            result = subprocess.run([sys.executable, os.path.join(prefix, "bin", "vmmipc-run"),
+                                     "--print-env"], env=clean_env(), capture_output=True,
+                                    text=True)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("the vmmipc Python package is not beside this script", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_log_file_option_sets_an_absolute_name(self):
+        seen = self.print_env(["--log-file", "logs/vmmipc.%h.%p.log"])
+        self.assertEqual(seen["VMMIPC_LOG_FILE"],
+                         os.path.join(os.getcwd(), "logs", "vmmipc.%h.%p.log"))
+
+
+def wheel_layout(site, lib):
+    """The vmmipc package as `pip install .` lays it out in site-packages: the Python
+    files, the library inside the package, the DeepEP hook in vmmipc/_site."""
+    package = os.path.join(site, "vmmipc")
+    shutil.copytree(os.path.join(PYTHON_DIR, "vmmipc"), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    os.makedirs(os.path.join(package, "_site"))
+    shutil.copy(os.path.join(PYTHON_DIR, "sitecustomize.py"), os.path.join(package, "_site"))
+    if lib:
+        shutil.copy(lib, os.path.join(package, "libvmmipc.so"))
+    return package
+
+
+class PackageTest(unittest.TestCase):
+    """The launcher and `python -m vmmipc` from an installed package (the wheel's layout)."""
+
+    def python(self, site, args, **env):
+        return subprocess.run([sys.executable] + args, env=clean_env(PYTHONPATH=site, **env),
+                              capture_output=True, text=True, timeout=120)
+
+    def test_the_library_inside_the_package_is_found(self):
+        if not OPTIONS.lib:
+            self.skipTest("needs --lib")
+        with tempfile.TemporaryDirectory() as site:
+            package = wheel_layout(site, OPTIONS.lib)
+            lib = os.path.join(os.path.realpath(package), "libvmmipc.so")
+            result = self.python(site, ["-m", "vmmipc", "--lib"])
+            self.assertEqual((result.returncode, result.stdout), (0, lib + "\n"), result.stderr)
+            result = self.python(site, ["-m", "vmmipc", "--print-env"],
+                                 LD_PRELOAD="/x/libother.so")
+            self.assertEqual(result.stdout, f"export LD_PRELOAD={lib}:/x/libother.so\n")
+            # What the console script runs (vmmipc.run:entry), with --deepep's hook.
+            script = "import sys; from vmmipc import run; run.entry(sys.argv[1:])"
+            result = self.python(site, ["-c", script, "--deepep", "--print-env"])
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn(f"export LD_PRELOAD={lib}\n", result.stdout)
+            self.assertIn(f"export PYTHONPATH={os.path.join(os.path.realpath(package), '_site')}:"
+                          f"{site}\n", result.stdout)
+            result = self.python(site, ["-c", script, "--", sys.executable, "-c",
+                                        "import os; print(os.environ['LD_PRELOAD'])"])
+            self.assertEqual(result.stdout, lib + "\n", result.stderr)
+
+    def test_a_package_without_the_library_says_where_it_looked(self):
+        with tempfile.TemporaryDirectory() as site:
+            package = wheel_layout(site, None)
+            result = self.python(site, ["-m", "vmmipc", "--lib"])
+            self.assertEqual(result.returncode, 1)
+            self.assertIn("python -m vmmipc: libvmmipc.so not found (looked at: "
+                          f"{os.path.join(os.path.realpath(package), 'libvmmipc.so')})",
+                          result.stderr)
+            self.assertNotIn("Traceback", result.stderr)
+            self.assertEqual(self.python(site, ["-m", "vmmipc"]).returncode, 2)  # usage
+            self.assertEqual(self.python(site, ["-m", "vmmipc", "--version"]).stdout.strip(),
+                             run_module.VERSION)
+
+    def test_preload_env_puts_the_library_first_once(self):
+        sys.path.insert(0, PYTHON_DIR)
+        try:
+            import vmmipc
+        finally:
+            sys.path.pop(0)
+        env = vmmipc.preload_env({"LD_PRELOAD": "/a/libfoo.so /b/libvmmipc.so", "X": "1"},
+                                 library="/c/libvmmipc.so")
+        self.assertEqual(env, {"LD_PRELOAD": "/c/libvmmipc.so:/a/libfoo.so", "X": "1"})
+        self.assertEqual(vmmipc.preload_env({}, library="/c/libvmmipc.so"),
+                         {"LD_PRELOAD": "/c/libvmmipc.so"})
+
+    def test_sizes_are_written_as_the_library_writes_them(self):
+        # The cases of tests/unit/log_test.cc LogBytes: --check and the library agree.
+        cases = {0: "0 bytes", 512: "512 bytes", 1023: "1023 bytes", 1024: "1 KiB",
+                 4 << 20: "4 MiB", (7 << 20) // 2: "3.5 MiB", (4 << 20) + 1: "4.0 MiB",
+                 1 << 40: "1 TiB", 100 << 40: "100 TiB", 1 << 63: "8 EiB",
+                 (1 << 64) - 1: "16.0 EiB"}
+        for size, text in cases.items():
+            self.assertEqual(run_module.human_bytes(size), text, size)
 
 
 class CheckWithoutDriverTest(unittest.TestCase):

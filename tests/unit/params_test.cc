@@ -3,7 +3,10 @@
 #include "config/params.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -152,12 +155,16 @@ TEST(Params, SizesWithALeadingZeroAreDecimal) {
 
 // --- address layout -------------------------------------------------------------------------
 
-// Parses `env` and returns what was logged (warnings and above) meanwhile.
+// Parses `env` and returns its warnings, one line each. Parse itself logs
+// nothing (config::Get logs them once the rank is known).
 std::string ParseLogged(std::map<std::string, std::string> env, Params* out) {
   log::SetLevel(log::Level::kWarn);
   ::testing::internal::CaptureStderr();
   *out = ParseWith(std::move(env));
-  return ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  std::string lines;
+  for (const std::string& warning : out->warnings) lines += warning + "\n";
+  return lines;
 }
 
 // What Parse promises of every layout it returns.
@@ -204,7 +211,8 @@ TEST(ParamsLayout, ZoneSizeThatOverflowsFallsBackToTheDefaultGeometry) {
   // No wrap-around, but more than the whole user address space.
   log = ParseLogged({{"VMMIPC_ZONE_SLOTS", "65534"}}, &p);
   EXPECT_EQ(p.zone_slots, 8);
-  EXPECT_NE(log.find("more than the 47-bit user address space"), std::string::npos) << log;
+  EXPECT_NE(log.find("is 64.0 PiB, more than the 47-bit user address space"), std::string::npos)
+      << log;
 }
 
 TEST(ParamsLayout, ZonePastTheTopOfUserSpaceUsesTheDefaultBase) {
@@ -214,7 +222,7 @@ TEST(ParamsLayout, ZonePastTheTopOfUserSpaceUsesTheDefaultBase) {
     EXPECT_EQ(p.zone_base, 0x300000000000ull) << base;
     EXPECT_NE(
         log.find(std::string("ignoring VMMIPC_ZONE_BASE=") + base + ": the import zone [" + base +
-                 ", +0x80000000000) ends past "
+                 ", +8 TiB) ends past "
                  "0x800000000000, the top of the 47-bit user address space; using the "
                  "default 0x300000000000"),
         std::string::npos)
@@ -234,13 +242,13 @@ TEST(ParamsLayout, PartsWhoseDefaultsDoNotFitEitherAreTurnedOff) {
   EXPECT_EQ(p.zone_fallback_base, 0u);
   EXPECT_FALSE(p.arena);
   EXPECT_NE(log.find("VMMIPC_ZONE_FALLBACK_BASE=0x600000000000 (the default): the fallback zone "
-                     "[0x600000000000, +0x640000000000) ends past"),
+                     "[0x600000000000, +100 TiB) ends past"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("; no fallback zone"), std::string::npos) << log;
   EXPECT_NE(log.find("VMMIPC_ARENA_BASE=0x200000000000 and VMMIPC_ARENA_SIZE=0x10000000000 (the "
-                     "default): the export arena [0x200000000000, +0x10000000000) overlaps the "
-                     "import zone [0x100000000000, +0x640000000000); export arena off"),
+                     "default): the export arena [0x200000000000, +1 TiB) overlaps the "
+                     "import zone [0x100000000000, +100 TiB); export arena off"),
             std::string::npos)
       << log;
   ExpectSoundLayout(p, "100 slots at 16 TiB");
@@ -248,11 +256,11 @@ TEST(ParamsLayout, PartsWhoseDefaultsDoNotFitEitherAreTurnedOff) {
   log = ParseLogged({{"VMMIPC_ZONE_SLOTS", "100"}, {"VMMIPC_ZONE_BASE", "0x500000000000"}}, &p);
   EXPECT_EQ(p.zone_base, 0u);
   EXPECT_NE(log.find("ignoring VMMIPC_ZONE_BASE=0x500000000000: the import zone [0x500000000000, "
-                     "+0x640000000000) ends past"),
+                     "+100 TiB) ends past"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("the default 0x300000000000 does not fit either (the import zone "
-                     "[0x300000000000, +0x640000000000) ends past"),
+                     "[0x300000000000, +100 TiB) ends past"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("; no import zone at VMMIPC_ZONE_BASE"), std::string::npos) << log;
@@ -264,8 +272,8 @@ TEST(ParamsLayout, FallbackZoneMustNotOverlapTheZone) {
   const std::string log = ParseLogged({{"VMMIPC_ZONE_FALLBACK_BASE", "0x340000000000"}}, &p);
   EXPECT_EQ(p.zone_fallback_base, 0x600000000000ull);
   EXPECT_NE(log.find("ignoring VMMIPC_ZONE_FALLBACK_BASE=0x340000000000: the fallback zone "
-                     "[0x340000000000, +0x80000000000) overlaps the import zone "
-                     "[0x300000000000, +0x80000000000); using the default 0x600000000000"),
+                     "[0x340000000000, +8 TiB) overlaps the import zone "
+                     "[0x300000000000, +8 TiB); using the default 0x600000000000"),
             std::string::npos)
       << log;
   // 0 still means no fallback zone, without a word.
@@ -280,8 +288,8 @@ TEST(ParamsLayout, ArenaMustFitASlotAndOverlapNeitherZone) {
   EXPECT_TRUE(p.arena);
   EXPECT_EQ(p.arena_base, 0x200000000000ull);
   EXPECT_NE(log.find("ignoring VMMIPC_ARENA_BASE=0x300000000000 and VMMIPC_ARENA_SIZE="
-                     "0x10000000000: the export arena [0x300000000000, +0x10000000000) overlaps "
-                     "the import zone [0x300000000000, +0x80000000000); using the default "
+                     "0x10000000000: the export arena [0x300000000000, +1 TiB) overlaps "
+                     "the import zone [0x300000000000, +8 TiB); using the default "
                      "0x200000000000 and 0x10000000000"),
             std::string::npos)
       << log;
@@ -292,15 +300,14 @@ TEST(ParamsLayout, ArenaMustFitASlotAndOverlapNeitherZone) {
   log = ParseLogged({{"VMMIPC_ARENA_SIZE", "2T"}}, &p);
   EXPECT_TRUE(p.arena);
   EXPECT_EQ(p.arena_size, 1ull << 40);
-  EXPECT_NE(log.find("the export arena's size 0x20000000000 is larger than VMMIPC_SLOT_SIZE "
-                     "(0x10000000000)"),
+  EXPECT_NE(log.find("the export arena's size 2 TiB is larger than VMMIPC_SLOT_SIZE (1 TiB)"),
             std::string::npos)
       << log;
   // Slots smaller than the default arena: no arena at all.
   log = ParseLogged({{"VMMIPC_SLOT_SIZE", "512G"}}, &p);
   EXPECT_FALSE(p.arena);
-  EXPECT_NE(log.find("(the default): the export arena's size 0x10000000000 is larger than "
-                     "VMMIPC_SLOT_SIZE (0x8000000000), so it could not mirror into one importer "
+  EXPECT_NE(log.find("(the default): the export arena's size 1 TiB is larger than "
+                     "VMMIPC_SLOT_SIZE (512 GiB), so it could not mirror into one importer "
                      "slot; export arena off"),
             std::string::npos)
       << log;
@@ -353,6 +360,106 @@ TEST(ParamsLayout, EveryCombinationEndsSound) {
                 return;
             }
   log::SetLevel(log::Level::kWarn);
+}
+
+// --- what a process says about its configuration ----------------------------------------------
+
+TEST(ParamsDescribe, NamesWhatDiffersFromTheDefaultsAndWhereTheRankCameFrom) {
+  EXPECT_EQ(Describe(ParseWith(
+                {{"VMMIPC_LOG_LEVEL", "info"}, {"VMMIPC_STATS", "1"}, {"LOCAL_RANK", "0"}})),
+            "config: VMMIPC_LOG_LEVEL=info VMMIPC_STATS=1 (others default); rank 0 from "
+            "LOCAL_RANK");
+  EXPECT_EQ(Describe(ParseWith({})),
+            "config: all defaults; rank slot from the GPU on first export (no rank variable)");
+  // A value equal to its default, and a bad value (the default stays), are not listed; the
+  // rank is in its own part, not in the list.
+  EXPECT_EQ(Describe(ParseWith(
+                {{"VMMIPC_TIMEOUT_MS", "5000"}, {"VMMIPC_ZONE_SLOTS", "0"}, {"VMMIPC_RANK", "3"}})),
+            "config: all defaults; rank 3 from VMMIPC_RANK");
+  // The values in effect: sizes in hex, strings quoted when they hold blanks, the layout as
+  // settled (slots of 512 GiB leave no room for the default arena: it is off).
+  EXPECT_EQ(Describe(ParseWith({{"VMMIPC_SLOT_SIZE", "512G"},
+                                {"VMMIPC_SOCKET_DIR", "/run/my dir"},
+                                {"VMMIPC_RANK_FROM", "off"},
+                                {"VMMIPC_LOG_FILE", "/tmp/v.%h.%p.log"}})),
+            "config: VMMIPC_LOG_FILE=/tmp/v.%h.%p.log VMMIPC_RANK_FROM=off "
+            "VMMIPC_SLOT_SIZE=0x8000000000 VMMIPC_SOCKET_DIR='/run/my dir' VMMIPC_ARENA=0 "
+            "(others default); unranked (VMMIPC_RANK_FROM=off)");
+  EXPECT_EQ(Describe(ParseWith({{"VMMIPC_RANK_FROM", "env"}})),
+            "config: VMMIPC_RANK_FROM=env (others default); unranked (no rank variable)");
+  EXPECT_EQ(Describe(ParseWith({{"VMMIPC_RANK_FROM", "gpu"}, {"LOCAL_RANK", "1"}})),
+            "config: VMMIPC_RANK_FROM=gpu (others default); rank slot from the GPU on first "
+            "export (VMMIPC_RANK_FROM=gpu)");
+}
+
+// The warnings about the environment are logged by Get(), after the log has
+// the rank: with VMMIPC_RANK=0 they say "rank 0", not "unranked". In a child
+// process: Get() reads the environment once per process.
+TEST(ParamsDeathTest, WarningsAboutTheEnvironmentCarryTheRank) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        unsetenv("VMMIPC_LOG_FILE");
+        unsetenv("VMMIPC_LOG_LEVEL");
+        unsetenv("VMMIPC_RANK_FROM");
+        setenv("VMMIPC_RANK", "0", 1);
+        setenv("VMMIPC_TIMEOUT_MS", "0", 1);
+        Get();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "^\\[vmmipc pid [0-9]+ rank 0\\] warning: ignoring VMMIPC_TIMEOUT_MS='0': must be "
+      "between 1 and 3600000; using the default 5000\n$");
+  // A rank from LOCAL_RANK, and a warning about RANK itself.
+  EXPECT_EXIT(
+      {
+        unsetenv("VMMIPC_LOG_FILE");
+        unsetenv("VMMIPC_LOG_LEVEL");
+        unsetenv("VMMIPC_RANK_FROM");
+        unsetenv("VMMIPC_RANK");
+        setenv("LOCAL_RANK", "x", 1);
+        setenv("RANK", "5", 1);
+        Get();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "^\\[vmmipc pid [0-9]+ rank 5\\] warning: ignoring LOCAL_RANK='x': not a rank between "
+      "0 and 65534\n$");
+}
+
+// The warnings go where VMMIPC_LOG_FILE says, and VMMIPC_LOG_LEVEL applies to them.
+TEST(ParamsDeathTest, WarningsAboutTheEnvironmentFollowTheLogFileAndLevel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The death test's child runs this function again: it names the file by its
+  // parent's pid, which is this process's.
+  const std::string pattern = ::testing::TempDir() + "vmmipc-params-%p.log";
+  const std::string path = log::ExpandFileName(pattern, "", getpid());
+  std::remove(path.c_str());
+  EXPECT_EXIT(
+      {
+        setenv("VMMIPC_LOG_FILE", log::ExpandFileName(pattern, "", getppid()).c_str(), 1);
+        unsetenv("VMMIPC_LOG_LEVEL");
+        setenv("VMMIPC_RANK", "2", 1);
+        setenv("VMMIPC_ARENA_SIZE", "3", 1);
+        Get();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "^$");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find(" rank 2] warning: ignoring VMMIPC_ARENA_SIZE='3'"), std::string::npos)
+      << text.str();
+  std::remove(path.c_str());
+  EXPECT_EXIT(
+      {
+        unsetenv("VMMIPC_LOG_FILE");
+        setenv("VMMIPC_LOG_LEVEL", "error", 1);
+        setenv("VMMIPC_ARENA_SIZE", "3", 1);
+        Get();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "^$");
 }
 
 // docs/configuration.md lists every parameter with its default, and nothing else.

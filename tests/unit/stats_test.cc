@@ -102,21 +102,41 @@ TEST_F(StatsTest, RefusalsMapToTheirReason) {
   }
 }
 
-TEST_F(StatsTest, ReportListsEveryMainCounterAndOnlyNonzeroFailures) {
+TEST_F(StatsTest, ReportListsEveryCounterOfASectionThatRanAndOnlyNonzeroFailures) {
   Count(Counter::kHandlesExported, 3);
   Count(Counter::kBytesMapped, 3u << 20);
+  Count(Counter::kBytesUnmapped, (3u << 20) / 2);
   Count(Counter::kOpenFailedTimeout);
   const std::string report = Format();
   EXPECT_THAT(report, HasSubstr("stats at exit"));
-  EXPECT_THAT(report, HasSubstr("export: handles_exported=3 "));
-  EXPECT_THAT(report, HasSubstr("handles_opened=0"));
-  EXPECT_THAT(report, HasSubstr("fds_sent=0"));
+  EXPECT_THAT(report, HasSubstr("export: handles_exported=3 export_refused_no_posix_fd=0 "));
+  EXPECT_THAT(report, HasSubstr("import: handles_opened=0 "));
   EXPECT_THAT(report, HasSubstr("bytes_mapped=3145728"));
-  EXPECT_THAT(report, HasSubstr("(mapped 3.0 MiB, unmapped 0 B)"));
-  EXPECT_THAT(report, HasSubstr("refusals: none"));
+  EXPECT_THAT(report, HasSubstr("(mapped 3 MiB, unmapped 1.5 MiB)"));
   EXPECT_THAT(report, HasSubstr("open failures: open_failed_timeout=1"));
   EXPECT_THAT(report, Not(HasSubstr("open_failed_no_exporter")));
   EXPECT_NE(report.back(), '\n');
+}
+
+// A section where nothing was counted is one word, not a row of zeros.
+TEST_F(StatsTest, SectionsWhereNothingHappenedSayNone) {
+  std::string report = Format();
+  EXPECT_THAT(report, HasSubstr("\n  export: none\n"));
+  EXPECT_THAT(report, HasSubstr("\n  listener: none\n"));
+  EXPECT_THAT(report, HasSubstr("\n  import: none\n"));
+  EXPECT_THAT(report, HasSubstr("\n  open failures: none"));
+  EXPECT_THAT(report, Not(HasSubstr("=0")));
+  // One refusal is enough for the listener's whole section, zeros included.
+  Count(Counter::kRefusedFreed);
+  report = Format();
+  EXPECT_THAT(report, HasSubstr("listener: requests_served=0 "));
+  EXPECT_THAT(report, HasSubstr("; refusals: refused_freed=1\n"));
+  EXPECT_THAT(report, HasSubstr("export: none\n"));
+  EXPECT_THAT(report, HasSubstr("import: none\n"));
+  // A connection reaped (the last counter of the section) counts too.
+  ResetForTesting();
+  Count(Counter::kConnectionsReaped);
+  EXPECT_THAT(Format(), HasSubstr("connections_reaped=1; refusals: none\n"));
 }
 
 TEST_F(StatsTest, ForkedChildStartsFromZero) {

@@ -1,11 +1,15 @@
 """vmmipc: Python helpers around the libvmmipc.so preload.
 
-The library itself needs no Python: it is loaded with LD_PRELOAD (see
-scripts/vmmipc-run) and works below every CUDA client. This package holds
-optional framework integrations:
+The library itself needs no Python: it is loaded with LD_PRELOAD (vmmipc-run,
+or preload_env() below) and works below every CUDA client. This package holds
+the launcher and optional framework integrations:
 
+  vmmipc.run      the launcher: `vmmipc-run [options] -- CMD`, `vmmipc-run --check`
   vmmipc.deepep   make DeepEP's NVL buffer take the legacy IPC path
                   (cudaIpcGetMemHandle), which vmmipc serves on VMM memory
+  python -m vmmipc --lib        the path of the library (inside this package
+                                after `pip install .`)
+  python -m vmmipc --print-env  LD_PRELOAD for a shell: eval "$(python -m vmmipc --print-env)"
 
 and small helpers they share. Nothing here imports torch or a framework until
 an integration is installed.
@@ -31,3 +35,29 @@ def log(level, message):
     """One line on stderr, tagged like the library's own lines."""
     sys.stderr.write(f"[vmmipc pid {os.getpid()} {rank_label()}] {level}: {message}\n")
     sys.stderr.flush()
+
+
+def library_path():
+    """The absolute path of libvmmipc.so that vmmipc-run would preload: inside this
+    package after `pip install .`, else the install tree or the source tree's build.
+    Raises FileNotFoundError, naming the places looked at, when there is none."""
+    from vmmipc import run
+
+    path, looked_at = run.find_library(None)
+    if path is None:
+        raise FileNotFoundError(f"{run.LIBRARY_NAME} not found (looked at: "
+                                f"{', '.join(looked_at)})")
+    return path
+
+
+def preload_env(environ=None, library=None):
+    """A copy of `environ` (default os.environ) with libvmmipc.so first in LD_PRELOAD,
+    for a subprocess: subprocess.run(cmd, env=vmmipc.preload_env()). Other preloads are
+    kept in order; another libvmmipc.so is dropped. VMMIPC_* variables are left as
+    they are (set them in the returned mapping)."""
+    from vmmipc import run
+
+    env = dict(os.environ if environ is None else environ)
+    env["LD_PRELOAD"] = run.prepend_preload(env.get("LD_PRELOAD"),
+                                            library or library_path())
+    return env

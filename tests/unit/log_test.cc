@@ -1,0 +1,244 @@
+// The log: VMMIPC_LOG_FILE's name expansion, lines in the file and not on
+// stderr, the fallback to stderr with one warning, a forked child's own file,
+// and the byte-count formatter of log lines.
+#include "common/log.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace vmmipc::log {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
+class LogFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string dir = ::testing::TempDir() + "vmmipc-log-XXXXXX";
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+    dir_ = dir;
+    SetLevel(Level::kInfo);
+    SetRank(-1);
+  }
+  void TearDown() override {
+    SetFile("");
+    SetLevel(Level::kWarn);
+    std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST(LogFileName, HostAndPidAreExpanded) {
+  EXPECT_EQ(ExpandFileName("/tmp/vmmipc.%h.%p.log", "node7", 4242), "/tmp/vmmipc.node7.4242.log");
+  EXPECT_EQ(ExpandFileName("%p%p", "h", 12), "1212");
+  EXPECT_EQ(ExpandFileName("plain.log", "h", 12), "plain.log");
+  EXPECT_EQ(ExpandFileName("", "h", 12), "");
+  // %% is a percent sign; other sequences and a trailing % are kept as written.
+  EXPECT_EQ(ExpandFileName("a%%p", "h", 12), "a%p");
+  EXPECT_EQ(ExpandFileName("a%q%d%", "h", 12), "a%q%d%");
+}
+
+TEST(LogBytes, WholeUnitsWhenExactOneDecimalWhenNotBytesWhenSmall) {
+  EXPECT_EQ(Bytes(0), "0 bytes");
+  EXPECT_EQ(Bytes(512), "512 bytes");
+  EXPECT_EQ(Bytes(1023), "1023 bytes");
+  EXPECT_EQ(Bytes(1024), "1 KiB");
+  EXPECT_EQ(Bytes(4u << 20), "4 MiB");
+  EXPECT_EQ(Bytes((7u << 20) / 2), "3.5 MiB");
+  EXPECT_EQ(Bytes((4u << 20) + 1), "4.0 MiB");  // not exact: the decimal says so
+  EXPECT_EQ(Bytes(0x10000000000ull), "1 TiB");
+  EXPECT_EQ(Bytes(0x80000000000ull), "8 TiB");
+  EXPECT_EQ(Bytes(100ull << 40), "100 TiB");
+  EXPECT_EQ(Bytes(1ull << 63), "8 EiB");
+  EXPECT_EQ(Bytes(~0ull), "16.0 EiB");
+}
+
+TEST_F(LogFileTest, LinesGoToTheFileNotToStderr) {
+  const mode_t old_mask = umask(022);
+  SetFile(dir_ + "/vmmipc.%h.%p.log");
+  ::testing::internal::CaptureStderr();
+  VMMIPC_LOG_INFO("first line {}", 1);
+  VMMIPC_LOG_WARN("second line");
+  VMMIPC_LOG_DEBUG("below the level");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  umask(old_mask);
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string path =
+      dir_ + "/vmmipc." + std::string(host) + "." + std::to_string(getpid()) + ".log";
+  const std::string text = Read(path);
+  const std::string prefix = "[vmmipc pid " + std::to_string(getpid()) + " ";
+  EXPECT_THAT(text, HasSubstr(prefix));
+  EXPECT_THAT(text, HasSubstr("] info: first line 1\n"));
+  EXPECT_THAT(text, HasSubstr("] warning: second line\n"));
+  EXPECT_THAT(text, Not(HasSubstr("below the level")));
+  struct stat st = {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // The file's descriptor is close-on-exec.
+  bool found = false;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (std::filesystem::read_symlink(entry.path(), error).string() != path) continue;
+    found = true;
+    const int fd = std::stoi(entry.path().filename().string());
+    EXPECT_TRUE(fcntl(fd, F_GETFD) & FD_CLOEXEC) << "fd " << fd;
+  }
+  EXPECT_TRUE(found);
+  // Appended, never truncated: lines written before survive a later open.
+  SetFile("");
+  SetFile(dir_ + "/vmmipc.%h.%p.log");
+  VMMIPC_LOG_INFO("third line");
+  const std::string again = Read(path);
+  EXPECT_THAT(again, HasSubstr("first line 1"));
+  EXPECT_THAT(again, HasSubstr("third line"));
+}
+
+TEST_F(LogFileTest, NothingIsOpenedBeforeTheFirstLine) {
+  SetFile(dir_ + "/lazy.log");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/lazy.log"));
+  VMMIPC_LOG_DEBUG("below the level: not written, nothing opened");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/lazy.log"));
+  VMMIPC_LOG_INFO("now");
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/lazy.log"));
+}
+
+TEST_F(LogFileTest, AFileThatCannotBeOpenedFallsBackToStderrWithOneWarning) {
+  const std::string pattern = dir_ + "/no-such-dir/vmmipc.%p.log";
+  const std::string path = dir_ + "/no-such-dir/vmmipc." + std::to_string(getpid()) + ".log";
+  SetFile(pattern);
+  ::testing::internal::CaptureStderr();
+  VMMIPC_LOG_INFO("line one");
+  VMMIPC_LOG_INFO("line two");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr("] warning: cannot open VMMIPC_LOG_FILE '" + path + "' (from '" +
+                             pattern + "'): No such file or directory; logging to stderr\n"));
+  EXPECT_EQ(Count(err, "cannot open VMMIPC_LOG_FILE"), 1u) << err;
+  EXPECT_THAT(err, HasSubstr("] info: line one\n"));
+  EXPECT_THAT(err, HasSubstr("] info: line two\n"));
+  // The warning comes first: it explains where the lines that follow went.
+  EXPECT_LT(err.find("cannot open"), err.find("line one"));
+}
+
+TEST_F(LogFileTest, ADirectoryIsNotALogFile) {
+  SetFile(dir_);
+  ::testing::internal::CaptureStderr();
+  VMMIPC_LOG_WARN("still logged");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr("cannot open VMMIPC_LOG_FILE '" + dir_ + "': Is a directory"));
+  EXPECT_THAT(err, HasSubstr("still logged"));
+}
+
+TEST_F(LogFileTest, ANameLongerThanAPathIsRefusedClearly) {
+  SetFile(std::string(5000, 'a'));
+  ::testing::internal::CaptureStderr();
+  VMMIPC_LOG_WARN("still logged");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr("cannot use VMMIPC_LOG_FILE: the name is longer than"));
+  EXPECT_THAT(err, HasSubstr("still logged"));
+}
+
+TEST_F(LogFileTest, LoggingKeepsErrno) {
+  SetFile(dir_ + "/errno.log");
+  errno = ENOTTY;
+  VMMIPC_LOG_INFO("a line");
+  EXPECT_EQ(errno, ENOTTY);
+}
+
+// With %p a forked child writes its own file (ResetAfterFork reopens); the
+// parent's file gets none of the child's lines.
+TEST_F(LogFileTest, AForkedChildWritesItsOwnFileWhenTheNameHasPid) {
+  SetFile(dir_ + "/v.%p.log");
+  VMMIPC_LOG_INFO("parent before fork");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ResetAfterFork();
+    VMMIPC_LOG_INFO("child line");
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  VMMIPC_LOG_INFO("parent after fork");
+  const std::string parent = Read(dir_ + "/v." + std::to_string(getpid()) + ".log");
+  const std::string own = Read(dir_ + "/v." + std::to_string(child) + ".log");
+  EXPECT_THAT(parent, HasSubstr("parent before fork"));
+  EXPECT_THAT(parent, HasSubstr("parent after fork"));
+  EXPECT_THAT(parent, Not(HasSubstr("child line")));
+  EXPECT_THAT(own, HasSubstr("[vmmipc pid " + std::to_string(child) + " "));
+  EXPECT_THAT(own, HasSubstr("child line"));
+  EXPECT_THAT(own, Not(HasSubstr("parent")));
+}
+
+// The log registers its own fork handler: a child of a process that never
+// made vmmipc's process state (which calls ResetAfterFork too) also gets its file.
+TEST_F(LogFileTest, AForkedChildGetsItsOwnFileWithoutBeingToldTo) {
+  SetFile(dir_ + "/w.%p.log");
+  VMMIPC_LOG_INFO("parent before fork");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    VMMIPC_LOG_INFO("child line");
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_THAT(Read(dir_ + "/w." + std::to_string(child) + ".log"), HasSubstr("child line"));
+  EXPECT_THAT(Read(dir_ + "/w." + std::to_string(getpid()) + ".log"), Not(HasSubstr("child")));
+}
+
+// Without %p parent and child share the file; each line carries its own pid.
+TEST_F(LogFileTest, WithoutPidAForkedChildAppendsToTheSameFile) {
+  const std::string path = dir_ + "/shared.log";
+  SetFile(path);
+  VMMIPC_LOG_INFO("parent line");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ResetAfterFork();
+    VMMIPC_LOG_INFO("child line");
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  VMMIPC_LOG_INFO("parent again");
+  const std::string text = Read(path);
+  EXPECT_THAT(text, HasSubstr("[vmmipc pid " + std::to_string(getpid()) +
+                              " unranked] info: "
+                              "parent line\n"));
+  EXPECT_THAT(text, HasSubstr("[vmmipc pid " + std::to_string(child) +
+                              " unranked] info: "
+                              "child line\n"));
+  EXPECT_LT(text.find("child line"), text.find("parent again"));  // appended, not overwritten
+}
+
+}  // namespace
+}  // namespace vmmipc::log
