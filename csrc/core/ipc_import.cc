@@ -32,10 +32,30 @@ CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigne
             : VMMIPC_REAL(IpcOpenMemHandleV1, pointer, handle, flags);
 }
 
+// What cuIpcOpenMemHandle returns for an exporter's refusal: every declared
+// reason listed (no default), so that a new one is a -Wswitch warning here.
+CUresult CodeForRefusal(transport::RefuseReason reason) {
+  using transport::RefuseReason;
+  switch (reason) {
+    case RefuseReason::kBadToken:
+    case RefuseReason::kFreed:
+    case RefuseReason::kNotExported:
+      return CUDA_ERROR_INVALID_HANDLE;  // the handle no longer names memory there
+    case RefuseReason::kWrongUser:
+      return CUDA_ERROR_NOT_PERMITTED;
+    case RefuseReason::kNone:
+    case RefuseReason::kExportFailed:
+    case RefuseReason::kTooManyChunks:
+    case RefuseReason::kInternal:
+    case RefuseReason::kBadRequest:
+      return CUDA_ERROR_MAP_FAILED;
+  }
+  return CUDA_ERROR_MAP_FAILED;  // a reason from the wire that this build does not declare
+}
+
 CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
   stats::CountFetchFailure(fetched.status);
   using transport::FetchStatus;
-  using transport::RefuseReason;
   CUresult code = CUDA_ERROR_MAP_FAILED;
   switch (fetched.status) {
     case FetchStatus::kOk:
@@ -54,19 +74,7 @@ CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Ha
       code = CUDA_ERROR_MAP_FAILED;
       break;
     case FetchStatus::kRefused:
-      switch (fetched.refuse) {
-        case RefuseReason::kBadToken:
-        case RefuseReason::kFreed:
-        case RefuseReason::kNotExported:
-          code = CUDA_ERROR_INVALID_HANDLE;
-          break;
-        case RefuseReason::kWrongUser:
-          code = CUDA_ERROR_NOT_PERMITTED;
-          break;
-        default:
-          code = CUDA_ERROR_MAP_FAILED;
-          break;
-      }
+      code = CodeForRefusal(fetched.refuse);
       break;
   }
   VMMIPC_LOG_WARN(

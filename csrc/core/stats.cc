@@ -22,8 +22,12 @@ std::atomic<bool> g_exit_report_registered{false};
 
 constexpr const char* kNames[] = {
 #define VMMIPC_STATS_NAME(id, name) name,
+#define VMMIPC_STATS_NAME_REFUSAL(id, value, name, counter, counter_name) counter_name,
+#define VMMIPC_STATS_NAME_FETCH(id, name, counter, counter_name) counter_name,
     VMMIPC_STATS_COUNTERS(VMMIPC_STATS_NAME)
 #undef VMMIPC_STATS_NAME
+#undef VMMIPC_STATS_NAME_REFUSAL
+#undef VMMIPC_STATS_NAME_FETCH
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCounterCount);
 
@@ -71,63 +75,31 @@ const char* Name(Counter counter) noexcept {
 }
 
 void CountFetchFailure(transport::FetchStatus status) noexcept {
-  using transport::FetchStatus;
   switch (status) {
-    case FetchStatus::kOk:
+    case transport::FetchStatus::kOk:
       return;
-    case FetchStatus::kNoExporter:
-      Count(Counter::kOpenFailedNoExporter);
-      return;
-    case FetchStatus::kTimeout:
-      Count(Counter::kOpenFailedTimeout);
-      return;
-    case FetchStatus::kRefused:
-      Count(Counter::kOpenFailedRefused);
-      return;
-    case FetchStatus::kUnauthentic:
-      Count(Counter::kOpenFailedUnauthentic);
-      return;
-    case FetchStatus::kProtocolError:
-      Count(Counter::kOpenFailedProtocol);
-      return;
-    case FetchStatus::kNoResources:
-      Count(Counter::kOpenFailedNoResources);
-      return;
+#define VMMIPC_STATS_COUNT_FETCH(id, name, counter, counter_name) \
+  case transport::FetchStatus::id:                                \
+    Count(Counter::counter);                                      \
+    return;
+      VMMIPC_FETCH_FAILURES(VMMIPC_STATS_COUNT_FETCH)
+#undef VMMIPC_STATS_COUNT_FETCH
   }
-  Count(Counter::kOpenFailedProtocol);  // a status this file does not know yet
+  Count(Counter::kOpenFailedProtocol);  // not a declared status: a bug, counted somewhere
 }
 
 void CountRefusal(transport::RefuseReason reason) noexcept {
-  using transport::RefuseReason;
   switch (reason) {
-    case RefuseReason::kNone:
+    case transport::RefuseReason::kNone:
       return;
-    case RefuseReason::kBadToken:
-      Count(Counter::kRefusedBadToken);
-      return;
-    case RefuseReason::kWrongUser:
-      Count(Counter::kRefusedWrongUser);
-      return;
-    case RefuseReason::kNotExported:
-      Count(Counter::kRefusedNotExported);
-      return;
-    case RefuseReason::kFreed:
-      Count(Counter::kRefusedFreed);
-      return;
-    case RefuseReason::kExportFailed:
-      Count(Counter::kRefusedExportFailed);
-      return;
-    case RefuseReason::kTooManyChunks:
-      Count(Counter::kRefusedTooManyChunks);
-      return;
-    case RefuseReason::kInternal:
-      Count(Counter::kRefusedInternal);
-      return;
-    case RefuseReason::kBadRequest:
-      Count(Counter::kRefusedBadRequest);
-      return;
+#define VMMIPC_STATS_COUNT_REFUSAL(id, value, name, counter, counter_name) \
+  case transport::RefuseReason::id:                                        \
+    Count(Counter::counter);                                               \
+    return;
+      VMMIPC_REFUSE_REASONS(VMMIPC_STATS_COUNT_REFUSAL)
+#undef VMMIPC_STATS_COUNT_REFUSAL
   }
-  Count(Counter::kRefusedInternal);  // a reason this file does not know yet
+  Count(Counter::kRefusedInternal);  // a reason from the wire that no build declares
 }
 
 std::string Format() {

@@ -9,14 +9,15 @@
 #include <cstdint>
 #include <string>
 
-namespace vmmipc::transport {
-enum class FetchStatus;
-enum class RefuseReason : uint16_t;
-}  // namespace vmmipc::transport
+#include "transport/chunk_grant.h"
+#include "transport/peer_client.h"
 
 namespace vmmipc::core::stats {
 
-// X(enumerator, "name in the report")
+// X(enumerator, "name in the report"). The counters of the refusal reasons
+// and of the failed fetches come from their declarations
+// (transport/chunk_grant.h, transport/peer_client.h), through X_REFUSAL and
+// X_FETCH, which every user of this list defines beside X (as the enum below).
 #define VMMIPC_STATS_COUNTERS(X)                            \
   /* Exporter: cuIpcGetMemHandle on VMM memory. */          \
   X(kHandlesExported, "handles_exported")                   \
@@ -30,14 +31,7 @@ namespace vmmipc::core::stats {
   X(kFdCacheGrants, "fd_cache_grants")                      \
   X(kFdCacheEvictions, "fd_cache_evictions")                \
   X(kFdsSent, "fds_sent")                                   \
-  X(kRefusedBadToken, "refused_bad_token")                  \
-  X(kRefusedWrongUser, "refused_wrong_user")                \
-  X(kRefusedNotExported, "refused_not_exported")            \
-  X(kRefusedFreed, "refused_freed")                         \
-  X(kRefusedExportFailed, "refused_export_failed")          \
-  X(kRefusedTooManyChunks, "refused_too_many_chunks")       \
-  X(kRefusedInternal, "refused_internal")                   \
-  X(kRefusedBadRequest, "refused_bad_request")              \
+  VMMIPC_REFUSE_REASONS(X##_REFUSAL)                        \
   X(kConnectionsDropped, "connections_dropped")             \
   X(kConnectionsReaped, "connections_reaped")               \
   /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */ \
@@ -52,20 +46,19 @@ namespace vmmipc::core::stats {
   X(kSlotCollisions, "slot_collisions")                     \
   X(kPlacementsBestEffort, "placements_best_effort")        \
   /* Importer: why an open of a VMM2 handle failed. */      \
-  X(kOpenFailedNoExporter, "open_failed_no_exporter")       \
-  X(kOpenFailedTimeout, "open_failed_timeout")              \
-  X(kOpenFailedRefused, "open_failed_refused")              \
-  X(kOpenFailedUnauthentic, "open_failed_unauthentic")      \
-  X(kOpenFailedProtocol, "open_failed_protocol")            \
-  X(kOpenFailedNoResources, "open_failed_no_resources")     \
+  VMMIPC_FETCH_FAILURES(X##_FETCH)                          \
   X(kOpenFailedMap, "open_failed_map")                      \
   X(kOpenFailedBadHandle, "open_failed_bad_handle")         \
   X(kOpenFailedInvalid, "open_failed_invalid")
 
 enum class Counter : int {
 #define VMMIPC_STATS_ENUM(id, name) id,
+#define VMMIPC_STATS_ENUM_REFUSAL(id, value, name, counter, counter_name) counter,
+#define VMMIPC_STATS_ENUM_FETCH(id, name, counter, counter_name) counter,
   VMMIPC_STATS_COUNTERS(VMMIPC_STATS_ENUM)
 #undef VMMIPC_STATS_ENUM
+#undef VMMIPC_STATS_ENUM_REFUSAL
+#undef VMMIPC_STATS_ENUM_FETCH
       kCount
 };
 

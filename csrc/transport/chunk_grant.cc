@@ -7,22 +7,11 @@ const char* RefuseReasonName(RefuseReason reason) {
   switch (reason) {
     case RefuseReason::kNone:
       return "none";
-    case RefuseReason::kBadToken:
-      return "bad token";
-    case RefuseReason::kWrongUser:
-      return "wrong user";
-    case RefuseReason::kNotExported:
-      return "not exported";
-    case RefuseReason::kFreed:
-      return "freed";
-    case RefuseReason::kExportFailed:
-      return "export failed";
-    case RefuseReason::kTooManyChunks:
-      return "too many chunks";
-    case RefuseReason::kInternal:
-      return "internal error";
-    case RefuseReason::kBadRequest:
-      return "bad request";
+#define VMMIPC_REFUSE_NAME(id, value, name, counter, counter_name) \
+  case RefuseReason::id:                                           \
+    return name;
+      VMMIPC_REFUSE_REASONS(VMMIPC_REFUSE_NAME)
+#undef VMMIPC_REFUSE_NAME
   }
   return "unknown reason";
 }

@@ -67,18 +67,11 @@ const char* FetchStatusName(FetchStatus status) {
   switch (status) {
     case FetchStatus::kOk:
       return "ok";
-    case FetchStatus::kNoExporter:
-      return "no exporter";
-    case FetchStatus::kTimeout:
-      return "timeout";
-    case FetchStatus::kRefused:
-      return "refused";
-    case FetchStatus::kUnauthentic:
-      return "unauthentic";
-    case FetchStatus::kProtocolError:
-      return "protocol error";
-    case FetchStatus::kNoResources:
-      return "no resources";
+#define VMMIPC_FETCH_NAME(id, name, counter, counter_name) \
+  case FetchStatus::id:                                    \
+    return name;
+      VMMIPC_FETCH_FAILURES(VMMIPC_FETCH_NAME)
+#undef VMMIPC_FETCH_NAME
   }
   return "unknown";
 }

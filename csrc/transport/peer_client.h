@@ -30,14 +30,28 @@ struct ClientOptions {
   int timeout_ms = 5000;   // bound on the whole exchange
 };
 
+// How a fetch ended, declared once: the enum, its log name and the
+// VMMIPC_STATS counter of a failed open (core/stats.h) come from this list.
+// X(enumerator, "name in log lines", stats counter, "counter name")
+#define VMMIPC_FETCH_FAILURES(X)                                                            \
+  /* Nobody listens under that pid's name (the exporter exited). */                        \
+  X(kNoExporter, "no exporter", kOpenFailedNoExporter, "open_failed_no_exporter")          \
+  /* A wait ran past the timeout. */                                                       \
+  X(kTimeout, "timeout", kOpenFailedTimeout, "open_failed_timeout")                        \
+  /* The exporter answered with a RefuseReason. */                                         \
+  X(kRefused, "refused", kOpenFailedRefused, "open_failed_refused")                        \
+  /* The answer's MAC did not verify: not the exporter that made the handle. */            \
+  X(kUnauthentic, "unauthentic", kOpenFailedUnauthentic, "open_failed_unauthentic")        \
+  /* A malformed answer, a wrong fd count, a short message, a peer that hung up. */        \
+  X(kProtocolError, "protocol error", kOpenFailedProtocol, "open_failed_protocol")         \
+  /* Out of fds or memory on this side. */                                                 \
+  X(kNoResources, "no resources", kOpenFailedNoResources, "open_failed_no_resources")
+
 enum class FetchStatus {
   kOk = 0,
-  kNoExporter,     // nobody listens under that pid's name (exporter exited)
-  kTimeout,        // a wait ran past the timeout
-  kRefused,        // the exporter answered with a RefuseReason
-  kUnauthentic,    // the answer's MAC did not verify: not the real exporter
-  kProtocolError,  // malformed answer, wrong fd count, short message, peer hung up
-  kNoResources,    // out of fds or memory on this side
+#define VMMIPC_FETCH_ENUM(id, name, counter, counter_name) id,
+  VMMIPC_FETCH_FAILURES(VMMIPC_FETCH_ENUM)
+#undef VMMIPC_FETCH_ENUM
 };
 const char* FetchStatusName(FetchStatus status);
 
