@@ -451,16 +451,16 @@ TEST_F(Fault, ExporterKilledWhilePreparingTheFdsFailsOpenAndLeavesNothing) {
     const bool mid_export = seen > idle && seen < idle + chunks;
     exporter->Kill();
     const std::string result = answer.get();
-    if (mid_export) {
-      // Nothing was sent yet: the importer sees the connection end.
-      EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
-      caught = true;
-    } else if (StartsWith(result, "ok ")) {
+    if (StartsWith(result, "ok ")) {
       // Too late: the transfer was complete, the memory outlives its exporter.
+      // (The fd count cannot tell: the exporter keeps one exported fd per
+      // chunk in its cache after sending, so it stays below idle + chunks.)
       EXPECT_EQ(importer->Call("check " + Value(result) + " " + Hex(kChunk) + " 2"), "ok");
       EXPECT_EQ(importer->Call("close " + Value(result)), "ok");
     } else {
+      // Stopped before the reply was sent: the importer sees the connection end.
       EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+      caught = mid_export;
     }
     Resources after = Settled(*importer, before);
     after.reservations = before.reservations;  // the zone stays once a run was placed
