@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "lingering_socket.h"
 #include "test_process.h"
 #include "transport/fd_channel.h"
 #include "transport/fd_reaper.h"
@@ -466,6 +467,33 @@ TEST_F(TransportListener, SquatterWithBadMacIsUnauthenticAndLeaksNothing) {
     EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
   }
   ExpectNoFdLeak();
+}
+
+// Regression (issue 12, item 3): a same-uid squatter that granted a socket
+// whose last close blocks (SO_LINGER, unsent data) made the open hang for the
+// linger time, far beyond the timeout: the client took the fds of an answer
+// it then rejected and closed them itself. Now an answer is verified on a
+// peeked copy, its fds are never installed here, and its connection is closed
+// by the reaper: the open returns within the timeout.
+TEST_F(TransportListener, SquatterGrantingALingeringSocketCannotHoldTheOpen) {
+  const uint32_t pid = FakePid();
+  ScopedFd keep_listener, keep_server;
+  FetchResult result;
+  long elapsed_ms = 0;
+  {
+    ScriptedServer squatter(pid, [&](int fd, const wire::RequestPreamble& request) {
+      ScopedFd lingering = testing::LingeringSocket(5, &keep_listener, &keep_server);
+      SendReply(fd, request.nonce, wire::DeriveKey(0xbad, request.exporter_pid), GrantHeader(1),
+                {{kBase, kChunk, 7}}, {lingering.get()});
+      // Our copy closes here (not the last: the message in flight holds one).
+    });
+    const auto start = Clock::now();
+    result = FetchChunks(Request(pid), Client(1000));
+    elapsed_ms = ElapsedMs(start);
+  }
+  EXPECT_EQ(result.status, FetchStatus::kUnauthentic) << result.detail;
+  EXPECT_TRUE(result.chunks.empty());
+  EXPECT_LT(elapsed_ms, 1500) << "the open waited for the squatter's lingering socket";
 }
 
 TEST_F(TransportListener, BadBatchFromRealKeyIsProtocolErrorAndClosesFds) {

@@ -11,9 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "common/log.h"
 #include "transport/fd_channel.h"
+#include "lingering_socket.h"
 #include "transport/fd_reaper.h"
 #include "transport/serve_connection.h"
 #include "transport/wire.h"
@@ -96,32 +100,7 @@ TEST_F(TransportServeConnection, QueuedRequestOfAnotherUidStillGetsTheWrongUserR
   EXPECT_EQ(calls, 0);  // even with a valid MAC
 }
 
-// A TCP socket on loopback whose last close() blocks for `linger_s` seconds:
-// SO_LINGER on, and unsent data that the other end never reads.
-ScopedFd LingeringSocket(int linger_s, ScopedFd* keep_listener, ScopedFd* keep_server) {
-  ScopedFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
-  EXPECT_EQ(listen(listener.get(), 1), 0);
-  EXPECT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
-  ScopedFd client(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  int small = 4096;
-  setsockopt(client.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
-  EXPECT_EQ(connect(client.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
-  ScopedFd server(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  setsockopt(server.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  const linger lingering{1, linger_s};
-  EXPECT_EQ(setsockopt(client.get(), SOL_SOCKET, SO_LINGER, &lingering, sizeof(lingering)), 0);
-  std::vector<char> junk(1 << 16, 'x');
-  while (send(client.get(), junk.data(), junk.size(), MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
-  }
-  *keep_listener = std::move(listener);
-  *keep_server = std::move(server);  // never reads: the client's data stays unsent
-  return client;
-}
+using testing::LingeringSocket;
 
 // A request of pid kPid, with a valid MAC, carrying `fd`.
 void SendRequestWithFd(int sock, int fd) {
@@ -202,6 +181,37 @@ TEST_F(TransportServeConnection, APeersFdOfTheHostsLockFileLeavesTheHostsLockInP
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the host's lock was dropped";
   unlink(path);
+}
+
+// Regression (issue 12, item 5): another uid flooded the exporter's log, one
+// warning line per connection (520,000 lines in 5 s). Refusals and drops are
+// now logged at most 20 times in 10 s, the rest counted for one summary line.
+TEST_F(TransportServeConnection, RefusalLinesAreRateLimited) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("vmmipc-ratelimit-" + std::to_string(getpid()) + ".log"))
+                               .string();
+  std::filesystem::remove(path);
+  log::SetFile(path);
+  log::SetLevel(log::Level::kWarn);
+  int calls = 0;
+  for (int i = 0; i < 200; ++i) {
+    Pair p;
+    const char garbage[40] = "not a vmmipc request, just bytes";
+    ASSERT_EQ(send(p.client.get(), garbage, sizeof(garbage), MSG_NOSIGNAL),
+              static_cast<ssize_t>(sizeof(garbage)));
+    ServeMs(std::move(p.server), geteuid(), 100, &calls);
+  }
+  EXPECT_EQ(calls, 0);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  size_t lines = 0;
+  for (size_t at = text.str().find("not a vmmipc request"); at != std::string::npos;
+       at = text.str().find("not a vmmipc request", at + 1))
+    ++lines;
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 20u) << text.str().substr(0, 2000);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
