@@ -50,6 +50,24 @@ class LogFileTest : public ::testing::Test {
     SetLevel(Level::kWarn);
     std::filesystem::remove_all(dir_);
   }
+  // Forks a child that runs `body` and exits 0; returns its pid once it has
+  // exited (-1, with a failure, when fork fails).
+  template <typename Body>
+  pid_t RunInChild(Body body) {
+    const pid_t child = fork();
+    if (child < 0) {
+      ADD_FAILURE() << "fork failed";
+      return -1;
+    }
+    if (child == 0) {
+      body();
+      _exit(0);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    return child;
+  }
   std::string dir_;
 };
 
@@ -175,16 +193,11 @@ TEST_F(LogFileTest, LoggingKeepsErrno) {
 TEST_F(LogFileTest, AForkedChildWritesItsOwnFileWhenTheNameHasPid) {
   SetFile(dir_ + "/v.%p.log");
   VMMIPC_LOG_INFO("parent before fork");
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const pid_t child = RunInChild([] {
     ResetAfterFork();
     VMMIPC_LOG_INFO("child line");
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  });
+  ASSERT_GT(child, 0);
   VMMIPC_LOG_INFO("parent after fork");
   const std::string parent = Read(dir_ + "/v." + std::to_string(getpid()) + ".log");
   const std::string own = Read(dir_ + "/v." + std::to_string(child) + ".log");
@@ -201,15 +214,10 @@ TEST_F(LogFileTest, AForkedChildWritesItsOwnFileWhenTheNameHasPid) {
 TEST_F(LogFileTest, AForkedChildGetsItsOwnFileWithoutBeingToldTo) {
   SetFile(dir_ + "/w.%p.log");
   VMMIPC_LOG_INFO("parent before fork");
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const pid_t child = RunInChild([] {
     VMMIPC_LOG_INFO("child line");
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  });
+  ASSERT_GT(child, 0);
   EXPECT_THAT(Read(dir_ + "/w." + std::to_string(child) + ".log"), HasSubstr("child line"));
   EXPECT_THAT(Read(dir_ + "/w." + std::to_string(getpid()) + ".log"), Not(HasSubstr("child")));
 }
@@ -219,16 +227,11 @@ TEST_F(LogFileTest, WithoutPidAForkedChildAppendsToTheSameFile) {
   const std::string path = dir_ + "/shared.log";
   SetFile(path);
   VMMIPC_LOG_INFO("parent line");
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const pid_t child = RunInChild([] {
     ResetAfterFork();
     VMMIPC_LOG_INFO("child line");
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  });
+  ASSERT_GT(child, 0);
   VMMIPC_LOG_INFO("parent again");
   const std::string text = Read(path);
   EXPECT_THAT(text, HasSubstr("[vmmipc pid " + std::to_string(getpid()) +
