@@ -231,15 +231,17 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
   return reply;
 }
 
-// Exports the chunk at `address` into the cache ahead of the first request,
-// on a listener worker: the process's first export pays the driver's export
-// set-up (~600 us), which should not fall on the first importer.
+// Exports the chunk at `address` into the cache ahead of its first request,
+// on a listener worker, so that the importer's open finds an fd to dup: an
+// export costs ~35 us, and the process's first export (or the first after
+// every exported chunk was unmapped) ~600 us more for the driver's export
+// set-up. Frameworks get every handle, exchange them, then open: the exports
+// run while the handles travel.
 void ExportAhead(uint64_t address) {
   ProcessState& state = State();
-  UseExportContext(state);
   std::optional<state::VmmMapping> chunk = state.mappings.Find(address);
-  if (!chunk || !chunk->posix_fd_exportable) return;
-  ScopedFd fd;
+  if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
+  ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
   if (FdForChunk(state, *chunk, &fd) != CUDA_SUCCESS)
     VMMIPC_LOG_DEBUG(
         "exporting 0x{:x} ahead of its first request failed; it will be exported "
@@ -247,20 +249,53 @@ void ExportAhead(uint64_t address) {
         chunk->base);
 }
 
-// The driver sets its export state up when the process's count of live
-// exported fds goes from 0 to 1 (~600 us) and tears it down when it returns
-// to 0: on the first export, and again whenever every exported chunk was
-// unmapped (a memory saver's pause, buffers freed and made anew). When the
-// cache is empty, get has a worker export its chunk ahead, so the importer
-// does not pay that set-up; at most one such task is in flight, and get
-// itself only reads a counter.
-void WarmIfCold(ProcessState& state, uint64_t address) {
-  if (state.mappings.cached_fd_count() != 0) return;
-  if (state.export_warming.exchange(true, std::memory_order_acq_rel)) return;
-  state.listener->Post([address] {
-    ExportAhead(address);
-    State().export_warming.store(false, std::memory_order_release);
-  });
+// Exports every queued chunk, then lets the next get post a new drain.
+void DrainExportAhead() {
+  ProcessState& state = State();
+  UseExportContext(state);
+  std::vector<uint64_t> batch;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
+      batch.clear();
+      batch.swap(state.export_ahead);
+      if (batch.empty()) {
+        state.export_ahead_queued = false;
+        return;
+      }
+    }
+    for (uint64_t address : batch) ExportAhead(address);
+  }
+}
+
+// More queued than this and a get no longer asks: those chunks are exported
+// when first requested, as without the queue.
+constexpr size_t kMaxExportAhead = 4096;
+
+// Called by get for a chunk whose fd is not cached yet: queue it for a
+// worker. Get itself only pushes an address (and posts one task per batch).
+// Best effort: out of memory here only means the export happens on request.
+void QueueExportAhead(ProcessState& state, uint64_t address) noexcept {
+  bool post = false;
+  {
+    std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
+    if (state.export_ahead.size() >= kMaxExportAhead) return;
+    try {
+      state.export_ahead.push_back(address);
+    } catch (...) {
+      return;
+    }
+    post = !state.export_ahead_queued;
+    state.export_ahead_queued = true;
+  }
+  if (!post) return;
+  try {
+    state.listener->Post(DrainExportAhead);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
+    state.export_ahead.clear();
+    state.export_ahead_queued = false;
+  }
 }
 
 // Starts the listener on the first export. Caller holds export_mutex.
@@ -300,10 +335,11 @@ CUresult EnsureListenerLocked(ProcessState& state) {
                     VMMIPC_VERSION_STRING, state.rank, params.rank_source,
                     state.listener->address());
   else
-    VMMIPC_LOG_INFO("vmmipc {} exporting: no rank variable, {}, listening on {}",
-                    VMMIPC_VERSION_STRING,
-                    params.slot_from_gpu() ? "slots from the GPU" : fmt::format("unranked (VMMIPC_RANK_FROM={})", params.rank_from),
-                    state.listener->address());
+    VMMIPC_LOG_INFO(
+        "vmmipc {} exporting: no rank variable, {}, listening on {}", VMMIPC_VERSION_STRING,
+        params.slot_from_gpu() ? "slots from the GPU"
+                               : fmt::format("unranked (VMMIPC_RANK_FROM={})", params.rank_from),
+        state.listener->address());
   return CUDA_SUCCESS;
 }
 
@@ -363,7 +399,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
                      handle.chunk_base, handle.chunk_size, handle.region_base});
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
-  WarmIfCold(state, address);
+  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(state, chunk.base);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "state/arena_carver.h"
 #include "state/chunk_generations.h"
@@ -29,7 +30,7 @@ struct ProcessState {
   // handle, and tells this process from an earlier one with the same pid.
   transport::SipKey secret;
   uint32_t instance = 0;  // never 0
-  int32_t rank = -1;   // this process's slot from a rank variable, -1 none
+  int32_t rank = -1;      // this process's slot from a rank variable, -1 none
 
   // Slots found from the GPU for a process without a rank variable, per
   // device ordinal (core/rank_slot.h): 0 not asked yet, -1 none, else slot+1.
@@ -50,7 +51,12 @@ struct ProcessState {
   std::atomic<bool> listener_ready{false};  // lets get skip export_mutex once started
   void* export_context = nullptr;  // CUcontext of the first export, for the listener thread
   bool listener_failed = false;
-  std::atomic<bool> export_warming{false};  // an export-ahead task is queued (WarmIfCold)
+  // Chunks a get asked to export ahead of their first request (ipc_export.cc):
+  // drained by one listener task at a time. Guarded by export_ahead_mutex,
+  // which is held only to push or swap the list.
+  std::mutex export_ahead_mutex;
+  std::vector<uint64_t> export_ahead;
+  bool export_ahead_queued = false;  // a drain task is posted and has not finished
 
   // Export arena: this process's own reservations, carved from one region.
   std::mutex arena_mutex;  // guards the members below

@@ -39,6 +39,7 @@ bool DescribeTracked(uint64_t address, ChunkInfo* info) {
   info->device = mapping->device;
   info->region_base = mapping->region_base;
   info->region_end = mapping->region_end;
+  info->export_cached = mapping->fd_cached;
   return true;
 }
 

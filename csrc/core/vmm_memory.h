@@ -18,9 +18,10 @@ struct ChunkInfo {
   uint64_t offset = 0;  // of the mapping into its allocation (known when tracked)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
-  int32_t device = -1;  // ordinal of the GPU that holds the memory; -1 not a device
-  uint64_t region_base = 0;  // what importers mirror (the arena or the reservation)
-  uint64_t region_end = 0;   // where a run stops (end of the carve or reservation)
+  int32_t device = -1;         // ordinal of the GPU that holds the memory; -1 not a device
+  uint64_t region_base = 0;    // what importers mirror (the arena or the reservation)
+  uint64_t region_end = 0;     // where a run stops (end of the carve or reservation)
+  bool export_cached = false;  // tracked, and its exported fd is cached (no export on request)
 };
 
 // The device ordinal an allocation lives on, from its properties (nullptr:

@@ -61,7 +61,9 @@ std::optional<VmmMapping> VmmMappings::Find(uint64_t address) const {
   if (it == records_.begin()) return std::nullopt;
   --it;
   if (address - it->second.mapping.base >= it->second.mapping.size) return std::nullopt;
-  return it->second.mapping;
+  VmmMapping found = it->second.mapping;
+  found.fd_cached = it->second.fd.valid();
+  return found;
 }
 
 std::vector<VmmMapping> VmmMappings::Run(uint64_t base, uint64_t end, size_t max_chunks) const {
@@ -141,8 +143,6 @@ bool VmmMappings::CloseCachedFdsInForkedChild() {
   return true;
 }
 
-size_t VmmMappings::cached_fd_count() const {
-  return cached_fds_.load(std::memory_order_relaxed);
-}
+size_t VmmMappings::cached_fd_count() const { return cached_fds_.load(std::memory_order_relaxed); }
 
 }  // namespace vmmipc::state

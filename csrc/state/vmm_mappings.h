@@ -36,9 +36,11 @@ struct VmmMapping {
   uint64_t offset = 0;  // into its allocation (vmmipc exports offset-0 mappings only)
   uint32_t generation = 0;
   bool posix_fd_exportable = false;
-  int32_t device = -1;  // ordinal of the GPU that holds the memory; -1 not a device
+  int32_t device = -1;       // ordinal of the GPU that holds the memory; -1 not a device
   uint64_t region_base = 0;  // what importers mirror: the arena or the reservation
   uint64_t region_end = 0;   // where a run of chunks stops: the end of the reservation
+  // Filled by Find(): the exported-fd cache holds an fd for this mapping.
+  bool fd_cached = false;
 };
 
 // What Take() removed: records to restore if the driver refuses the unmap,

@@ -766,28 +766,34 @@ TEST_F(Fault, StoppedExporterDelaysNeitherOtherOpensNorPointerQueries) {
   kill(stuck->pid(), SIGCONT);
 }
 
-// Issue 11: the exporter keeps one exported fd per served chunk; once every
-// such chunk is unmapped the driver's export state is gone, and a get then
-// exports its chunk ahead on a worker (once), so that the next importer does
-// not pay the driver's set-up. While the cache is warm, get exports nothing.
-TEST_F(Fault, GetWithAColdExportCacheExportsAheadOnce) {
+// A get has its chunk exported ahead of the first request, once per chunk,
+// with the export cache cold (every exported chunk was freed: the driver sets
+// its export state up again) or warm: the open then finds an fd to dup and
+// exports nothing, and another get of the same chunk exports nothing more.
+TEST_F(Fault, GetExportsItsChunkAheadOncePerChunk) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "a", 1, 41)), kChunk, 41);
   ASSERT_EQ(exporter->Call("free_vmm a"), "ok");  // its cached fd closes: the cache is empty
+  auto wait_for_fds = [&](int expected) {
+    const auto start = Clock::now();
+    while (FdsOf(exporter->pid()) != expected && MsSince(start) < 3000) usleep(1000);
+    return FdsOf(exporter->pid());
+  };
   const uint64_t b = VmmBuffer(*exporter, "b", 1, 42);
   const int fds_before_get = FdsOf(exporter->pid());
   const std::string handle = Handle(*exporter, b);
-  const auto start = Clock::now();
-  while (FdsOf(exporter->pid()) == fds_before_get && MsSince(start) < 3000) usleep(1000);
-  EXPECT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "no export ahead of the first request";
+  EXPECT_EQ(wait_for_fds(fds_before_get + 1), fds_before_get + 1)
+      << "no export ahead of the first request (cold cache)";
   OpenCheckClose(*importer, handle, kChunk, 42);
   EXPECT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "the open did not use it";
   const uint64_t c = VmmBuffer(*exporter, "c", 1, 43);
   const int warm = FdsOf(exporter->pid());
   (void)Handle(*exporter, c);
+  EXPECT_EQ(wait_for_fds(warm + 1), warm + 1) << "no export ahead with a warm cache";
+  (void)Handle(*exporter, c);
   usleep(200000);
-  EXPECT_EQ(FdsOf(exporter->pid()), warm) << "a get with a warm cache exported ahead";
+  EXPECT_EQ(FdsOf(exporter->pid()), warm + 1) << "a second get of the chunk exported again";
 }
 
 // Opens no longer share one process-wide lock: threads opening one handle
@@ -889,15 +895,20 @@ TEST_F(Fault, MemoryReCreatedWhileItsRunIsServedIsRefusedNeverTorn) {
   if (!Sim()) GTEST_SKIP() << "needs the simulator's injected delay";
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
-  // Warm the exported-fd cache with another buffer, so that the get below
-  // exports nothing ahead and the request's exports are the next two.
+  // The listener started and settled first, so that the get below adds one fd.
   OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 29)), kChunk, 29);
   const uint64_t base = VmmBuffer(*exporter, "a", 2, 30);
+  const int fds_before_get = FdsOf(exporter->pid());
   const std::string handle = Handle(*exporter, base);
+  // The get exports chunk 0 ahead; once it is cached, the request's only
+  // export is chunk 1's, which waits.
+  const auto start = Clock::now();
+  while (FdsOf(exporter->pid()) == fds_before_get && MsSince(start) < 3000) usleep(1000);
+  ASSERT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "chunk 0 was not exported ahead";
   const Resources before = Held(*importer);
-  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 2 1000"), "ok");
+  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1000"), "ok");
   ASSERT_EQ(importer->Call("open_bg " + handle), "ok");
-  usleep(300000);  // the request is in, chunk 0 exported, chunk 1's export waiting
+  usleep(300000);  // the request is in, chunk 0 dup'ed, chunk 1's export waiting
   ASSERT_EQ(exporter->Call("free_vmm a"), "ok");
   ASSERT_EQ(VmmBuffer(*exporter, "a", 2, 31), base) << "re-created elsewhere: no race to test";
   const std::string result = importer->Call("open_bg_result", 20000);
