@@ -44,6 +44,7 @@ struct Params {
   uint64_t arena_size = 0;
   bool stats = false;
   int64_t export_fd_cache = 1024;
+  bool follow = false;
   int64_t listener_threads = 4;
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
   std::string rank_source = "none";

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "config/params.h"
 #include "core/export_arena.h"
+#include "core/exported_fds.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/rank_slot.h"
@@ -56,47 +57,6 @@ void UseExportContext(const ProcessState& state) {
     context_set =
         VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context)) == CUDA_SUCCESS;
   }
-}
-
-// Exports the allocation mapped at `base` as a POSIX fd.
-CUresult ExportAt(uint64_t base, ScopedFd* fd) {
-  CUmemGenericAllocationHandle handle = 0;
-  VMMIPC_CU_CHECK(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(base));
-  int raw = -1;
-  const CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &raw, handle,
-                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  (void)VMMIPC_REAL(MemRelease, handle);  // the retain's reference; the mapping keeps its own
-  if (exported != CUDA_SUCCESS) return exported;
-  stats::Count(stats::Counter::kFdsExported);
-  fd->Reset(raw);
-  return CUDA_SUCCESS;
-}
-
-// An fd for one tracked chunk: a dup of the cached export when there is one
-// (no driver call), else a fresh export that is cached for the next grant.
-CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
-  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
-  if (fd->valid()) {
-    stats::Count(stats::Counter::kFdCacheGrants);
-    return CUDA_SUCCESS;
-  }
-  // Two answers missing the same chunk at once (peers opening together, or
-  // the export ahead) would export it twice: one export per chunk, the
-  // second waits and takes a dup. Striped by chunk address; never held
-  // across anything but this chunk's export.
-  static std::mutex export_stripes[16];
-  std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
-  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
-  if (fd->valid()) {
-    stats::Count(stats::Counter::kFdCacheGrants);
-    return CUDA_SUCCESS;
-  }
-  ScopedFd exported;
-  VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
-  std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
-  *fd = state.mappings.CacheFd(chunk.base, chunk.generation, std::move(exported), &evicted);
-  if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
-  return CUDA_SUCCESS;
 }
 
 // The run of memory the exporter made through vmmipc's cuMemMap hook: one
@@ -143,6 +103,10 @@ transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRe
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
                               first.base));
+  // Follow: who holds each chunk, to be told when it is unmapped.
+  if (config::Get().follow)
+    for (const state::VmmMapping& chunk : run)
+      state.mappings.AddHolder(chunk.base, chunk.generation, request.peer_pid);
   return reply;
 }
 
@@ -311,6 +275,7 @@ CUresult EnsureListenerLocked(ProcessState& state) {
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
   options.max_workers = static_cast<int>(params.listener_threads);
+  options.keep_watchers = params.follow;
   // Refusals the transport makes itself (uid, MAC, malformed) never reach
   // Serve: count every refusal, grant and drop where it is sent.
   options.events.refused = [](transport::RefuseReason reason) { stats::CountRefusal(reason); };

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "config/params.h"
+#include "core/follow.h"
 #include "core/ipc.h"
 #include "core/placement.h"
 #include "core/process_state.h"
@@ -98,9 +99,9 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const sta
 }
 
 struct Placement {
-  uint64_t run_target = 0;           // importer address of the run's first byte
+  uint64_t run_target = 0;                 // importer address of the run's first byte
   uint32_t zone_slot = state::kNotInZone;  // the slot it went to, if in the zone
-  uint64_t private_reservation = 0;  // non-zero for best-effort placement
+  uint64_t private_reservation = 0;        // non-zero for best-effort placement
   uint64_t private_size = 0;
 };
 
@@ -227,7 +228,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_INVALID_CONTEXT;
   }
 
-  const state::OpenKey key{{h.pid, h.instance}, h.address, h.generation, h.region_base, h.rank_slot};
+  const state::OpenKey key{
+      {h.pid, h.instance}, h.address, h.generation, h.region_base, h.rank_slot};
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
@@ -243,8 +245,11 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   const config::Params& params = config::Get();
   transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
                                   h.chunk_size, h.region_base, h.generation, h.rank_slot};
-  transport::FetchResult fetched =
-      transport::FetchChunks(request, {params.socket_dir, static_cast<int>(params.timeout_ms)});
+  // With follow on, the first open of an exporter's handle keeps its
+  // connection for the exporter's pause and resume events.
+  const bool watch = WantsWatch(state, h.pid, h.instance);
+  transport::FetchResult fetched = transport::FetchChunks(
+      request, {params.socket_dir, static_cast<int>(params.timeout_ms), watch});
   if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
   stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
@@ -282,9 +287,13 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
     for (const auto& chunk : fetched.chunks) {
-      state::MappedChunk mapped{
-          placement.run_target + (chunk.address - run_base), chunk.size, exporter, chunk.address,
-          static_cast<uint32_t>(chunk.generation),           0};
+      state::MappedChunk mapped{placement.run_target + (chunk.address - run_base),
+                                chunk.size,
+                                exporter,
+                                chunk.address,
+                                static_cast<uint32_t>(chunk.generation),
+                                0,
+                                static_cast<int32_t>(device)};
       record.chunks.push_back(mapped.target);
       if (state.imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
                               mapped.generation) == state::ChunkProbe::kSame)
@@ -334,6 +343,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
   }
   stats::Count(stats::Counter::kHandlesOpened);
+  if (fetched.watch.fd.valid()) KeepWatch(state, h.pid, h.instance, std::move(fetched.watch));
   *pointer = record.pointer;
   VMMIPC_LOG_DEBUG(
       "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
@@ -367,6 +377,7 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);
   for (const auto& chunk : closed.to_unmap) {
+    if (chunk.paused) continue;  // its exporter paused it: nothing is mapped (follow)
     UnmapChunk(chunk.target, chunk.size);
     stats::Count(stats::Counter::kChunksUnmapped);
     stats::Count(stats::Counter::kBytesUnmapped, chunk.size);

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "config/params.h"
 #include "core/export_arena.h"
+#include "core/follow.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/vmm_memory.h"
@@ -120,7 +121,9 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
     mapping.region_base = pointer;  // no reservation answer: the mapping is its own region
     mapping.region_end = pointer + size;
   }
-  State().mappings.Add(mapping);
+  ProcessState& state = State();
+  mapping.generation = state.mappings.Add(mapping);
+  if (config::Get().follow) FollowMap(state, mapping);  // a resume: importers map it too
   return result;
 }
 
@@ -130,9 +133,18 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
   // whose memory the driver has already taken away (a torn run), and a new
   // mapping made at the same place by another thread right after the driver's
   // unmap is never erased by this one's late bookkeeping.
-  state::TakenMappings taken = State().mappings.Take(pointer, size);
+  ProcessState& state = State();
+  state::TakenMappings taken = state.mappings.Take(pointer, size);
+  // A pause: importers that hold these chunks unmap them first (follow).
+  const bool follow = config::Get().follow;
+  if (follow) FollowUnmap(state, taken);
   const CUresult result = VMMIPC_REAL(MemUnmap, pointer, size);
-  if (result != CUDA_SUCCESS) State().mappings.Restore(taken.records);
+  if (result != CUDA_SUCCESS) {
+    state.mappings.Restore(taken.records);
+    // The memory is still here: importers that followed the pause map it again.
+    if (follow)
+      for (const state::VmmMapping& record : taken.records) FollowMap(state, record);
+  }
   // The cached exported fds close here, outside the table's lock. The last
   // one of the process may cost the driver's export teardown (~550 us).
   return result;

@@ -35,9 +35,10 @@ void NewIdentity(ProcessState* state) {
     words[0] = now * 0x9E3779B97F4A7C15ull ^ pid << 32;
     words[1] = (now ^ 0xC2B2AE3D27D4EB4Full) * 0x165667B19E3779F9ull ^ pid;
     words[2] = words[0] ^ words[1] >> 17;
-    VMMIPC_LOG_WARN("getrandom failed ({}): this process's handle secret is made from the clock "
-                    "and pid, and can be guessed",
-                    std::strerror(errno));
+    VMMIPC_LOG_WARN(
+        "getrandom failed ({}): this process's handle secret is made from the clock "
+        "and pid, and can be guessed",
+        std::strerror(errno));
   }
   state->secret = transport::SipKey{words[0], words[1]};
   state->instance = static_cast<uint32_t>(words[2]) != 0 ? static_cast<uint32_t>(words[2]) : 1;
@@ -75,6 +76,10 @@ void AfterForkInChild() {
   if (old != nullptr && old->listener) {
     old->listener->AbandonAfterFork();
     Park(old->listener.release());
+  }
+  if (old != nullptr && old->watch_client) {
+    old->watch_client->AbandonAfterFork();
+    Park(old->watch_client.release());
   }
   Park(old);  // leaked, but reachable: leak checkers must not fail the child's exit
   new (&g_create_mutex) std::mutex();

@@ -17,6 +17,7 @@
 #include "state/import_zone.h"
 #include "state/vmm_mappings.h"
 #include "transport/listener.h"
+#include "transport/watch_client.h"
 
 namespace vmmipc::core {
 
@@ -92,6 +93,14 @@ struct ProcessState {
   std::mutex zone_mutex;
   state::ZoneLayout zone;
   ZoneState zone_state = ZoneState::kUntried;
+
+  // Follow, import side (core/follow.h): the watch client, made by the first
+  // open that asks an exporter to be watched, under follow_mutex; never
+  // destroyed. follow_context is the context its thread maps and sets access
+  // in (the one current at that first open), written once before the client.
+  std::mutex follow_mutex;
+  std::unique_ptr<transport::WatchClient> watch_client;
+  void* follow_context = nullptr;
 };
 
 // The process's state; creates it (and registers the fork handler) on first call.

@@ -126,6 +126,10 @@ std::string Format() {
                                 log::Bytes(Get(Counter::kBytesUnmapped)))
               : std::string("none")) +
          "\n";
+  // Only where follow did something (VMMIPC_FOLLOW=1 and a pause or resume).
+  if (Any(Counter::kFollowNotices, Counter::kFollowResumeRefused))
+    out +=
+        "  follow: " + Group(Counter::kFollowNotices, Counter::kFollowResumeRefused, false) + "\n";
   out += "  open failures: " +
          Group(Counter::kOpenFailedNoExporter, Counter::kOpenFailedInvalid, true);
   return out;

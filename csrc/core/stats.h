@@ -2,8 +2,8 @@
 // the export, import and listener paths bump, and one block printed in the
 // log (stderr, or VMMIPC_LOG_FILE) at exit. Counting is a single atomic add
 // and never allocates or logs; the exit report is registered lazily (on first
-// use of the library, never at load time). This file owns the counters and the report, not the decisions
-// of when to count: those live with the code that does the work.
+// use of the library, never at load time). This file owns the counters and the report, not the
+// decisions of when to count: those live with the code that does the work.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,12 @@ namespace vmmipc::core::stats {
   X(kBytesUnmapped, "bytes_unmapped")                       \
   X(kSlotCollisions, "slot_collisions")                     \
   X(kPlacementsBestEffort, "placements_best_effort")        \
+  /* Follow (VMMIPC_FOLLOW): exporter, then importer. */    \
+  X(kFollowNotices, "follow_notices")                       \
+  X(kFollowUnanswered, "follow_unanswered")                 \
+  X(kFollowPauses, "follow_pauses")                         \
+  X(kFollowResumes, "follow_resumes")                       \
+  X(kFollowResumeRefused, "follow_resume_refused")          \
   /* Importer: why an open of a VMM2 handle failed. */      \
   VMMIPC_FETCH_FAILURES(X##_FETCH)                          \
   X(kOpenFailedMap, "open_failed_map")                      \

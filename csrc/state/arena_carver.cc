@@ -14,8 +14,7 @@ std::optional<uint64_t> ArenaCarver::Take(uint64_t size, uint64_t alignment) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     const uint64_t start = it->first, length = it->second;
     const uint64_t aligned = (start + alignment - 1) & ~(alignment - 1);
-    if (aligned < start || aligned - start >= length || length - (aligned - start) < size)
-      continue;
+    if (aligned < start || aligned - start >= length || length - (aligned - start) < size) continue;
     // Split the free range into [start, aligned), the carve, and the tail.
     const uint64_t tail = length - (aligned - start) - size;
     free_.erase(it);

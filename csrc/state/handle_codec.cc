@@ -30,11 +30,16 @@ T Get(const unsigned char* in, size_t offset) {
 
 const char* DecodeStatusName(DecodeStatus status) {
   switch (status) {
-    case DecodeStatus::kOk: return "ok";
-    case DecodeStatus::kNotVmm2: return "not a VMM2 handle";
-    case DecodeStatus::kBadChecksum: return "VMM2 handle with a bad checksum (corrupted)";
-    case DecodeStatus::kUnknownVersion: return "VMM2 handle of an unknown version";
-    case DecodeStatus::kMalformed: return "malformed VMM2 handle";
+    case DecodeStatus::kOk:
+      return "ok";
+    case DecodeStatus::kNotVmm2:
+      return "not a VMM2 handle";
+    case DecodeStatus::kBadChecksum:
+      return "VMM2 handle with a bad checksum (corrupted)";
+    case DecodeStatus::kUnknownVersion:
+      return "VMM2 handle of an unknown version";
+    case DecodeStatus::kMalformed:
+      return "malformed VMM2 handle";
   }
   return "?";
 }

@@ -15,26 +15,26 @@ inline constexpr uint16_t kUnranked = 0xFFFF;
 
 struct Vmm2Handle {
   uint8_t version = kHandleVersion;
-  uint8_t flags = 0;            // reserved for future use; version 2 writes 0
+  uint8_t flags = 0;  // reserved for future use; version 2 writes 0
   uint16_t rank_slot = kUnranked;
-  uint32_t pid = 0;             // exporter pid, as the exporter sees it (names its socket)
-  uint32_t generation = 0;      // identity of the physical chunk holding `address`
-  uint64_t capability = 0;      // the exporter's MAC over every other field (never 0)
-  uint64_t address = 0;         // the exporter address given to cuIpcGetMemHandle
-  uint64_t chunk_size = 0;      // size of the chunk (one mapping) holding `address`
-  uint64_t chunk_base = 0;      // base of that chunk in the exporter
-  uint64_t region_base = 0;     // base of the exporter's region (reservation or arena)
-  uint32_t instance = 0;        // the exporter process's public random id (never 0)
+  uint32_t pid = 0;          // exporter pid, as the exporter sees it (names its socket)
+  uint32_t generation = 0;   // identity of the physical chunk holding `address`
+  uint64_t capability = 0;   // the exporter's MAC over every other field (never 0)
+  uint64_t address = 0;      // the exporter address given to cuIpcGetMemHandle
+  uint64_t chunk_size = 0;   // size of the chunk (one mapping) holding `address`
+  uint64_t chunk_base = 0;   // base of that chunk in the exporter
+  uint64_t region_base = 0;  // base of the exporter's region (reservation or arena)
+  uint32_t instance = 0;     // the exporter process's public random id (never 0)
 
   bool operator==(const Vmm2Handle&) const = default;
 };
 
 enum class DecodeStatus {
   kOk,
-  kNotVmm2,          // no VMM2 magic: a legacy handle or garbage; belongs to the real driver
-  kBadChecksum,      // magic present but the CRC does not match: corrupted
-  kUnknownVersion,   // a version this build does not know (newer vmmipc on the other side)
-  kMalformed,        // fields contradict each other (address outside its chunk, instance 0, ...)
+  kNotVmm2,         // no VMM2 magic: a legacy handle or garbage; belongs to the real driver
+  kBadChecksum,     // magic present but the CRC does not match: corrupted
+  kUnknownVersion,  // a version this build does not know (newer vmmipc on the other side)
+  kMalformed,       // fields contradict each other (address outside its chunk, instance 0, ...)
 };
 const char* DecodeStatusName(DecodeStatus status);
 

@@ -101,6 +101,41 @@ bool ImportTable::FirstCollision(uint32_t slot, uint32_t pid) {
   return collisions_warned_.emplace(slot, pid).second;
 }
 
+std::vector<MappedChunk> ImportTable::Pause(const ExporterId& exporter, uint64_t exporter_address,
+                                            uint32_t generation) {
+  std::vector<MappedChunk> paused;
+  for (auto& [target, chunk] : chunks_) {
+    if (chunk.paused || chunk.exporter != exporter || chunk.exporter_address != exporter_address ||
+        chunk.generation != generation)
+      continue;
+    chunk.paused = true;
+    paused.push_back(chunk);
+  }
+  return paused;
+}
+
+std::vector<MappedChunk> ImportTable::PausedAt(const ExporterId& exporter,
+                                               uint64_t exporter_address) const {
+  std::vector<MappedChunk> paused;
+  for (const auto& [target, chunk] : chunks_)
+    if (chunk.paused && chunk.exporter == exporter && chunk.exporter_address == exporter_address)
+      paused.push_back(chunk);
+  return paused;
+}
+
+void ImportTable::Resume(uint64_t target, uint32_t generation) {
+  auto it = chunks_.find(target);
+  if (it == chunks_.end()) return;
+  it->second.paused = false;
+  it->second.generation = generation;
+}
+
+std::optional<uint32_t> ImportTable::RankSlotOf(const ExporterId& exporter) const {
+  for (const auto& [pointer, record] : opens_)
+    if (record.key.exporter == exporter) return record.key.rank_slot;
+  return std::nullopt;
+}
+
 const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {
   // Records are keyed by pointer, which lies inside their run; runs of
   // different records may overlap (two handles into one span), any match

@@ -37,7 +37,11 @@ struct MappedChunk {
   ExporterId exporter;
   uint64_t exporter_address = 0;  // the chunk's base in the exporter
   uint32_t generation = 0;
-  uint32_t users = 0;  // open records holding it
+  uint32_t users = 0;   // open records holding it
+  int32_t device = -1;  // the importer's device the mapping was opened for (access)
+  // Follow: the exporter paused it and the mapping is gone; the range stays
+  // reserved (the zone slot or the open's reservation) for its resume.
+  bool paused = false;
 };
 
 // Identity of one handle: the same handle opened again is the same key.
@@ -53,7 +57,7 @@ struct OpenKey {
 inline constexpr uint32_t kNotInZone = 0xFFFFFFFFu;
 
 struct OpenRecord {
-  uint64_t pointer = 0;  // what cuIpcOpenMemHandle returned
+  uint64_t pointer = 0;             // what cuIpcOpenMemHandle returned
   uint32_t zone_slot = kNotInZone;  // the zone slot its run was placed in
   OpenKey key;
   uint32_t opens = 0;            // outstanding opens of this pointer
@@ -104,6 +108,18 @@ class ImportTable {
   // True the first time exporter pid `pid` is turned away from `slot`: the
   // warning is said once per pair.
   bool FirstCollision(uint32_t slot, uint32_t pid);
+
+  // Follow. The chunks of `exporter` at its address `exporter_address` and
+  // `generation` that are mapped: marked paused and returned (core unmaps them).
+  std::vector<MappedChunk> Pause(const ExporterId& exporter, uint64_t exporter_address,
+                                 uint32_t generation);
+  // The paused chunks of `exporter` at its address `exporter_address`.
+  std::vector<MappedChunk> PausedAt(const ExporterId& exporter, uint64_t exporter_address) const;
+  // The paused chunk at importer address `target` is mapped again, as `generation`.
+  void Resume(uint64_t target, uint32_t generation);
+  // The rank slot the opens of `exporter` were made under (their placement
+  // lock); nullopt when none is open.
+  std::optional<uint32_t> RankSlotOf(const ExporterId& exporter) const;
 
   size_t chunk_count() const { return chunks_.size(); }
   size_t open_count() const { return opens_.size(); }

@@ -4,8 +4,8 @@
 
 namespace vmmipc::state {
 
-std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot,
-                                   uint64_t region_base, uint64_t address, uint64_t size) {
+std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, uint64_t region_base,
+                                   uint64_t address, uint64_t size) {
   if (zone.base == 0 || rank_slot >= zone.slots || address < region_base || size == 0)
     return std::nullopt;
   const uint64_t offset = address - region_base;

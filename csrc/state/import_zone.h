@@ -24,7 +24,7 @@ struct ZoneLayout {
 // The importer address for [address, address + size) of an exporter with
 // `rank_slot` and `region_base`, or nullopt when the rank has no slot or the
 // range falls outside the slot (then placement is best-effort).
-std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot,
-                                   uint64_t region_base, uint64_t address, uint64_t size);
+std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, uint64_t region_base,
+                                   uint64_t address, uint64_t size);
 
 }  // namespace vmmipc::state

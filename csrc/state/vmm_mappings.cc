@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <iterator>
 #include <mutex>
 
@@ -22,6 +23,7 @@ void VmmMappings::TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken)
   }
   while (it != records_.end() && it->second.mapping.base < base + size) {
     taken->records.push_back(it->second.mapping);
+    taken->holders.push_back(std::move(it->second.holders));
     if (it->second.fd.valid()) {
       --cached_fds_;
       taken->fds.push_back(std::move(it->second.fd));
@@ -86,6 +88,37 @@ bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run) const {
       return false;
   }
   return true;
+}
+
+void VmmMappings::AddHolder(uint64_t base, uint32_t generation, uint32_t pid) {
+  std::unique_lock lock(mutex_);
+  auto it = records_.find(base);
+  if (it == records_.end() || it->second.mapping.generation != generation) return;
+  std::vector<uint32_t>& holders = it->second.holders;
+  if (std::find(holders.begin(), holders.end(), pid) == holders.end()) holders.push_back(pid);
+}
+
+void VmmMappings::NotePaused(PausedChunk chunk) {
+  std::unique_lock lock(mutex_);
+  if (paused_.count(chunk.base) == 0) paused_order_.push_back(chunk.base);
+  paused_[chunk.base] = std::move(chunk);
+  // The order list may hold bases already taken: the bound counts live entries.
+  while (paused_.size() > kMaxPaused && !paused_order_.empty()) {
+    paused_.erase(paused_order_.front());
+    paused_order_.erase(paused_order_.begin());
+  }
+  if (paused_order_.size() > 2 * kMaxPaused) {
+    std::erase_if(paused_order_, [&](uint64_t base) { return paused_.count(base) == 0; });
+  }
+}
+
+std::optional<PausedChunk> VmmMappings::TakePaused(uint64_t base) {
+  std::unique_lock lock(mutex_);
+  auto it = paused_.find(base);
+  if (it == paused_.end()) return std::nullopt;
+  PausedChunk chunk = std::move(it->second);
+  paused_.erase(it);
+  return chunk;
 }
 
 size_t VmmMappings::size() const {

@@ -48,6 +48,18 @@ struct VmmMapping {
 struct TakenMappings {
   std::vector<VmmMapping> records;
   std::vector<ScopedFd> fds;
+  // Per record: the importers (pids) it was granted to, when follow records
+  // them (AddHolder); they are told of the unmap.
+  std::vector<std::vector<uint32_t>> holders;
+};
+
+// A chunk unmapped while importers held it (a memory saver's pause): who
+// followed the pause, so that a mapping made at the same base can be pushed
+// to them (follow).
+struct PausedChunk {
+  uint64_t base = 0;
+  uint64_t size = 0;
+  std::vector<uint32_t> holders;
 };
 
 class VmmMappings {
@@ -72,6 +84,17 @@ class VmmMappings {
   bool StillMapped(const std::vector<VmmMapping>& run) const;
   size_t size() const;
 
+  // Follow: who holds what.
+  // Records that importer `pid` was granted the mapping at `base` of `generation`.
+  void AddHolder(uint64_t base, uint32_t generation, uint32_t pid);
+  // Remembers a chunk the importers `holders` unmapped with the exporter.
+  // Bounded: past kMaxPaused the oldest is forgotten (its importers then
+  // keep their range unmapped after a resume; close still works).
+  void NotePaused(PausedChunk chunk);
+  // The paused chunk at exactly `base`, taken out; nullopt when none.
+  std::optional<PausedChunk> TakePaused(uint64_t base);
+  static constexpr size_t kMaxPaused = 65536;
+
   // The exported-fd cache.
   // Caps the number of cached fds (at least 1). Past the cap the least
   // recently used fd is closed, never the last one.
@@ -94,12 +117,15 @@ class VmmMappings {
  private:
   struct Record {
     VmmMapping mapping;
-    ScopedFd fd;            // the exported fd, when cached
-    uint64_t last_use = 0;  // cache clock, for eviction
+    ScopedFd fd;                    // the exported fd, when cached
+    uint64_t last_use = 0;          // cache clock, for eviction
+    std::vector<uint32_t> holders;  // importers granted it (follow only)
   };
   void TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken);
   mutable std::shared_mutex mutex_;
   std::map<uint64_t, Record> records_;      // by base
+  std::map<uint64_t, PausedChunk> paused_;  // by base
+  std::vector<uint64_t> paused_order_;      // bases, oldest first, for the bound
   uint32_t next_generation_ = 0x80000000u;  // apart from handle generations (ChunkGenerations)
   size_t fd_limit_ = 1024;
   // Written under mutex_; read without it by cached_fd_count(), which every

@@ -49,6 +49,7 @@ struct Listener::Impl {
   ListenerOptions options;
   ServeHandler handler;
   ServeContext context;  // shared by the poll thread and the workers; set before they start
+  Watchers watchers;     // kept watch connections (options.keep_watchers)
   SocketAddress address;
   ScopedFd listen_fd;
   ScopedFd stop_fd;  // eventfd: readable once Stop() wrote it, and stays so
@@ -325,6 +326,7 @@ void Listener::Impl::Abandon() noexcept {
   for (auto& worker : workers) Park(worker.release());
   // Closing our copies leaves the parent's socket and eventfd untouched: they
   // are the same open files, still referenced by the parent's descriptors.
+  watchers.AbandonAfterFork();
   listen_fd.Reset();
   stop_fd.Reset();
   owns_path = false;  // the path belongs to the parent's listener
@@ -403,6 +405,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
     impl->context.handler = &impl->handler;
     impl->context.name = address.display;
     impl->context.events = options.events;
+    impl->context.watchers = options.keep_watchers ? &impl->watchers : nullptr;
     try {
       Impl* raw = impl.get();
       impl->thread = StartQuietThread("vmmipc-listen", [raw] { raw->Run(); });
@@ -424,6 +427,19 @@ Listener::~Listener() = default;  // ~Impl stops the thread
 
 void Listener::Post(std::function<void()> task) {
   if (impl_ && task) impl_->Dispatch(Impl::Job{PendingRequest{}, ServeReply{}, std::move(task)});
+}
+
+NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, int timeout_ms) {
+  if (!impl_ || impl_->context.watchers == nullptr) {
+    NotifyResult none;
+    none.done.resize(notices.size());
+    return none;
+  }
+  return impl_->watchers.Notify(notices, timeout_ms, impl_->stop_fd.get());
+}
+
+bool Listener::Watched(uint32_t pid) const {
+  return impl_ && impl_->context.watchers != nullptr && impl_->watchers.Watching(pid);
 }
 
 void Listener::AbandonAfterFork() noexcept {

@@ -3,16 +3,14 @@
 // connections and reads their requests, many at once and without blocking,
 // so that a silent or slow peer delays nobody else; it checks the peer's uid
 // (SO_PEERCRED) and the request's MAC (proof the peer holds a handle this
-// process made, unedited: its capability). It also answers them when the reply is one message (a thread
-// hand-off costs a wake-up per open); longer replies, whose sends may wait
-// on a peer that does not read, go to a small pool of workers (started as
-// needed, up to max_workers), as do tasks posted with Post(). Answering asks
-// the handler for the chunks and sends them back in batches with their fds
-// (SCM_RIGHTS), MAC'd so the client knows it talks to the real exporter. No
-// thread needs a CUDA context of its own (core's handler sets what it
-// needs). Every socket wait is bounded by the timeout; the kernel is asked
-// to refuse fds sent to us (SO_PASSRIGHTS). The handler runs on the poll
-// thread: a driver call that hangs there holds up every peer.
+// process made, unedited: its capability). It also answers them when the reply is one message (a
+// thread hand-off costs a wake-up per open); longer replies, whose sends may wait on a peer that
+// does not read, go to a small pool of workers (started as needed, up to max_workers), as do tasks
+// posted with Post(). Answering asks the handler for the chunks and sends them back in batches with
+// their fds (SCM_RIGHTS), MAC'd so the client knows it talks to the real exporter. No thread needs
+// a CUDA context of its own (core's handler sets what it needs). Every socket wait is bounded by
+// the timeout; the kernel is asked to refuse fds sent to us (SO_PASSRIGHTS). The handler runs on
+// the poll thread: a driver call that hangs there holds up every peer.
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +23,7 @@
 
 #include "transport/chunk_grant.h"
 #include "transport/siphash.h"
+#include "transport/watchers.h"
 
 namespace vmmipc::transport {
 
@@ -34,6 +33,7 @@ struct ServeRequest {
   uint64_t address = 0;     // the exporter address the handle was made for
   uint64_t chunk_base = 0;  // base of the chunk holding `address`, as get saw it
   uint64_t generation = 0;  // that chunk's generation as get saw it
+  bool watch = false;       // the importer asks to keep the connection for events
 };
 
 struct ServeReply {
@@ -54,11 +54,12 @@ struct ListenerEvents {
 };
 
 struct ListenerOptions {
-  SipKey secret;           // this process's secret: handles' capabilities are made under it
-  uint32_t pid = 0;        // this process's pid as it appears in handles
-  std::string socket_dir;  // empty: abstract socket
-  int timeout_ms = 5000;   // per connection: receive, send
-  int max_workers = 4;     // worker threads (at least 1), started as needed
+  SipKey secret;               // this process's secret: handles' capabilities are made under it
+  uint32_t pid = 0;            // this process's pid as it appears in handles
+  std::string socket_dir;      // empty: abstract socket
+  int timeout_ms = 5000;       // per connection: receive, send
+  int max_workers = 4;         // worker threads (at least 1), started as needed
+  bool keep_watchers = false;  // keep the connections of requests that ask to watch
   ListenerEvents events;
 };
 
@@ -81,6 +82,12 @@ class Listener {
   // Runs `task` once on a worker thread, in the order posted with requests
   // (for example, exporting a chunk ahead of the first request for it).
   void Post(std::function<void()> task);
+
+  // Sends events to the importers that watch this process and waits for
+  // their acks, at most timeout_ms (watchers.h). Empty result without watchers.
+  NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms);
+  // True when importer `pid` keeps a watch connection here.
+  bool Watched(uint32_t pid) const;
 
   struct Impl;
 

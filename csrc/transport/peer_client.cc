@@ -117,6 +117,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   }
 
   wire::Request wire_request;
+  wire_request.flags = options.watch ? wire::kRequestFlagWatch : 0;
   wire_request.exporter_pid = request.exporter_pid;
   wire_request.address = request.address;
   wire_request.chunk_base = request.chunk_base;
@@ -258,6 +259,12 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   result.status = FetchStatus::kOk;
   result.verified = true;
   result.chunks = std::move(chunks);
+  if (options.watch) {
+    // The answer verified: this connection is the exporter's. Kept for its events.
+    result.watch.fd = std::move(sock);
+    result.watch.key = key;
+    result.watch.nonce = wire_request.nonce;
+  }
   return result;
 } catch (const std::bad_alloc&) {
   return Fail(FetchStatus::kNoResources, "out of memory");

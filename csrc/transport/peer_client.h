@@ -1,14 +1,17 @@
 // The importer's side of the fd protocol: connect to the exporter named by a
 // handle (pid), prove that we hold the handle (a MAC under its capability),
-// check that the exporter proves it too, and collect every chunk grant with its fd. Nothing is returned
-// unless every batch verified, so the caller never maps a squatter's memory.
+// check that the exporter proves it too, and collect every chunk grant with its fd. Nothing is
+// returned unless every batch verified, so the caller never maps a squatter's memory.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/scoped_fd.h"
 #include "transport/chunk_grant.h"
+#include "transport/siphash.h"
+#include "transport/wire.h"
 
 namespace vmmipc::transport {
 
@@ -28,23 +31,32 @@ struct FetchRequest {
 struct ClientOptions {
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // bound on the whole exchange
+  bool watch = false;      // ask the exporter to keep the connection for events (follow)
+};
+
+// A connection kept after a fetch with ClientOptions::watch: the exporter
+// sends events on it (watch_client.h), MAC'd under the request's key and nonce.
+struct WatchConnection {
+  ScopedFd fd;
+  SipKey key;
+  wire::Nonce nonce{};
 };
 
 // How a fetch ended, declared once: the enum, its log name and the
 // VMMIPC_STATS counter of a failed open (core/stats.h) come from this list.
 // X(enumerator, "name in log lines", stats counter, "counter name")
-#define VMMIPC_FETCH_FAILURES(X)                                                            \
-  /* Nobody listens under that pid's name (the exporter exited). */                        \
-  X(kNoExporter, "no exporter", kOpenFailedNoExporter, "open_failed_no_exporter")          \
-  /* A wait ran past the timeout. */                                                       \
-  X(kTimeout, "timeout", kOpenFailedTimeout, "open_failed_timeout")                        \
-  /* The exporter answered with a RefuseReason. */                                         \
-  X(kRefused, "refused", kOpenFailedRefused, "open_failed_refused")                        \
-  /* The answer's MAC did not verify: not the exporter that made the handle. */            \
-  X(kUnauthentic, "unauthentic", kOpenFailedUnauthentic, "open_failed_unauthentic")        \
-  /* A malformed answer, a wrong fd count, a short message, a peer that hung up. */        \
-  X(kProtocolError, "protocol error", kOpenFailedProtocol, "open_failed_protocol")         \
-  /* Out of fds or memory on this side. */                                                 \
+#define VMMIPC_FETCH_FAILURES(X)                                                    \
+  /* Nobody listens under that pid's name (the exporter exited). */                 \
+  X(kNoExporter, "no exporter", kOpenFailedNoExporter, "open_failed_no_exporter")   \
+  /* A wait ran past the timeout. */                                                \
+  X(kTimeout, "timeout", kOpenFailedTimeout, "open_failed_timeout")                 \
+  /* The exporter answered with a RefuseReason. */                                  \
+  X(kRefused, "refused", kOpenFailedRefused, "open_failed_refused")                 \
+  /* The answer's MAC did not verify: not the exporter that made the handle. */     \
+  X(kUnauthentic, "unauthentic", kOpenFailedUnauthentic, "open_failed_unauthentic") \
+  /* A malformed answer, a wrong fd count, a short message, a peer that hung up. */ \
+  X(kProtocolError, "protocol error", kOpenFailedProtocol, "open_failed_protocol")  \
+  /* Out of fds or memory on this side. */                                          \
   X(kNoResources, "no resources", kOpenFailedNoResources, "open_failed_no_resources")
 
 enum class FetchStatus {
@@ -64,6 +76,7 @@ struct FetchResult {
   bool verified = false;
   std::string detail;              // one human sentence for the log line
   std::vector<ChunkGrant> chunks;  // when status == kOk, in address order
+  WatchConnection watch;           // when status == kOk and options.watch
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);

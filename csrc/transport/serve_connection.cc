@@ -117,7 +117,8 @@ RefuseReason CheckGrants(std::vector<ChunkGrant>* chunks, std::string* why) {
   return RefuseReason::kNone;
 }
 
-void SendGrants(const PendingRequest& p, const ServeContext& context,
+// True when every batch was sent.
+bool SendGrants(const PendingRequest& p, const ServeContext& context,
                 const std::vector<ChunkGrant>& chunks) {
   const uint32_t total = static_cast<uint32_t>(chunks.size());
   const uint32_t batches = wire::BatchCount(total);
@@ -144,12 +145,13 @@ void SendGrants(const PendingRequest& p, const ServeContext& context,
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer pid {} failed: {} ({})",
                       context.name, batch, batches, p.peer.pid, IoStatusName(io.status),
                       io.error != 0 ? ErrnoText(io.error) : "no errno");
-      return;
+      return false;
     }
   }
   if (context.events.granted != nullptr) context.events.granted(total);
   VMMIPC_LOG_DEBUG("listener {}: granted {} chunks in {} batches to peer pid {} for address {:#x}",
                    context.name, total, batches, p.peer.pid, p.request.address);
+  return true;
 }
 
 ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out) {
@@ -230,6 +232,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.address = request.address;
   out->request.chunk_base = request.chunk_base;
   out->request.generation = request.generation;
+  out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   return ReadOutcome::kReady;
 }
 
@@ -318,7 +321,14 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
 
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
   try {
-    SendGrants(request, context, reply.chunks);
+    if (SendGrants(request, context, reply.chunks) && request.request.watch &&
+        context.watchers != nullptr &&
+        context.watchers->Adopt(std::move(request.fd), request.peer.pid, request.key,
+                                request.nonce)) {
+      VMMIPC_LOG_DEBUG("listener {}: importer pid {} watches this process", context.name,
+                       request.peer.pid);
+      return;
+    }
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
   } catch (...) {

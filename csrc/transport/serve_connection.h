@@ -20,6 +20,7 @@
 #include "transport/fd_channel.h"
 #include "transport/listener.h"
 #include "transport/siphash.h"
+#include "transport/watchers.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {
@@ -32,6 +33,9 @@ struct ServeContext {
   const ServeHandler* handler = nullptr;
   std::string name;  // the listener's address, for log lines
   ListenerEvents events;
+  // Where a served request with kRequestFlagWatch leaves its connection;
+  // nullptr: the exporter keeps none (not following), the connection closes.
+  Watchers* watchers = nullptr;
 };
 
 // How long a peer of another uid may take to show its request. Such a peer is
@@ -72,7 +76,8 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept;
 // Runs the handler and checks its reply. False when a refusal was sent
 // instead (the connection is then closed); true: send `*reply` with SendReply.
 bool PrepareReply(PendingRequest& request, const ServeContext& context, ServeReply* reply) noexcept;
-// Sends the reply's batches with their fds, then closes the connection.
+// Sends the reply's batches with their fds, then closes the connection, or
+// keeps it as a watch connection (the request asked, the context has watchers).
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept;
 // True when the reply goes in one message: on a fresh connection whose peer
 // has read nothing yet, that send never waits (the socket buffer holds it).

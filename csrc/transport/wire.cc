@@ -14,6 +14,8 @@ namespace {
 constexpr uint8_t kRequestTag[4] = {'r', 'e', 'q', 0};
 constexpr uint8_t kReplyTag[4] = {'r', 'e', 'p', 0};
 constexpr uint8_t kCapabilityTag[4] = {'c', 'a', 'p', 0};
+constexpr uint8_t kEventTag[4] = {'e', 'v', 't', 0};
+constexpr uint8_t kAckTag[4] = {'a', 'c', 'k', 0};
 
 void Put16(uint8_t* p, uint16_t v) { StoreLE(p, v); }
 void Put32(uint8_t* p, uint32_t v) { StoreLE(p, v); }
@@ -38,6 +40,17 @@ uint64_t ReplyMac(const SipKey& key, const Nonce& nonce, std::span<const uint8_t
   hasher.Update(nonce);
   hasher.Update(message.first(kReplyHeaderSize - 8));
   hasher.Update(message.subspan(kReplyHeaderSize));
+  return hasher.Final();
+}
+
+// Event and ack MACs: SipHash(key, tag || request nonce || record bytes
+// before the MAC): bound to the watch connection's request.
+uint64_t RecordMac(const SipKey& key, std::span<const uint8_t> tag, const Nonce& nonce,
+                   std::span<const uint8_t> record) {
+  SipHasher hasher(key);
+  hasher.Update(tag);
+  hasher.Update(nonce);
+  hasher.Update(record.first(record.size() - 8));
   return hasher.Final();
 }
 
@@ -97,7 +110,7 @@ std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const Si
   uint8_t* p = out.data();
   Put32(p + 0, kRequestMagic);
   Put16(p + 4, kVersion);
-  Put16(p + 6, 0);  // flags
+  Put16(p + 6, request.flags);
   Put32(p + 8, request.exporter_pid);
   Put32(p + 12, 0);  // reserved
   std::copy(request.nonce.begin(), request.nonce.end(), p + 16);
@@ -124,10 +137,11 @@ WireError ParseRequestPreamble(std::span<const uint8_t> message, RequestPreamble
 
 bool PeekRequestFields(std::span<const uint8_t> message, Request* out) {
   RequestPreamble preamble;
-  if (ParseRequestPreamble(message, &preamble) != WireError::kOk ||
-      preamble.version != kVersion || message.size() < kRequestSize)
+  if (ParseRequestPreamble(message, &preamble) != WireError::kOk || preamble.version != kVersion ||
+      message.size() < kRequestSize)
     return false;
   const uint8_t* p = message.data();
+  out->flags = Get16(p + 6);
   out->exporter_pid = preamble.exporter_pid;
   out->nonce = preamble.nonce;
   out->address = Get64(p + 32);
@@ -145,7 +159,7 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   if (preamble.version != kVersion) return WireError::kBadVersion;
   if (message.size() != kRequestSize) return WireError::kBadLength;
   const uint8_t* p = message.data();
-  if (Get16(p + 6) != 0 || Get32(p + 12) != 0 || Get16(p + 70) != 0)
+  if ((Get16(p + 6) & ~kKnownRequestFlags) != 0 || Get32(p + 12) != 0 || Get16(p + 70) != 0)
     return WireError::kBadReserved;
   PeekRequestFields(message, out);
   return WireError::kOk;
@@ -229,6 +243,75 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
     }
   }
   *entries = std::move(parsed);
+  return WireError::kOk;
+}
+
+std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& nonce,
+                                            const SipKey& key) {
+  std::array<uint8_t, kEventSize> out{};
+  uint8_t* p = out.data();
+  Put32(p + 0, kEventMagic);
+  Put16(p + 4, kVersion);
+  Put16(p + 6, static_cast<uint16_t>(event.kind));
+  Put32(p + 8, event.sequence);
+  Put32(p + 12, 0);  // reserved
+  Put64(p + 16, event.base);
+  Put64(p + 24, event.size);
+  Put64(p + 32, event.generation);
+  Put64(p + 40, RecordMac(key, kEventTag, nonce, out));
+  return out;
+}
+
+WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                     Event* out) {
+  if (message.size() < 8) return WireError::kTooShort;
+  const uint8_t* p = message.data();
+  if (Get32(p) != kEventMagic) return WireError::kBadMagic;
+  if (Get16(p + 4) != kVersion) return WireError::kBadVersion;
+  if (message.size() != kEventSize) return WireError::kBadLength;
+  if (!MacEqual(RecordMac(key, kEventTag, nonce, message), Get64(p + 40)))
+    return WireError::kBadMac;
+  if (Get32(p + 12) != 0) return WireError::kBadReserved;
+  const uint16_t kind = Get16(p + 6);
+  if (kind != static_cast<uint16_t>(EventKind::kPause) &&
+      kind != static_cast<uint16_t>(EventKind::kResume))
+    return WireError::kBadLayout;
+  Event event;
+  event.kind = static_cast<EventKind>(kind);
+  event.sequence = Get32(p + 8);
+  event.base = Get64(p + 16);
+  event.size = Get64(p + 24);
+  event.generation = Get64(p + 32);
+  if (event.size == 0 || event.base + event.size < event.base) return WireError::kBadLayout;
+  *out = event;
+  return WireError::kOk;
+}
+
+std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key) {
+  std::array<uint8_t, kAckSize> out{};
+  uint8_t* p = out.data();
+  Put32(p + 0, kAckMagic);
+  Put16(p + 4, kVersion);
+  Put16(p + 6, static_cast<uint16_t>(ack.status));
+  Put32(p + 8, ack.sequence);
+  Put32(p + 12, 0);  // reserved
+  Put64(p + 16, RecordMac(key, kAckTag, nonce, out));
+  return out;
+}
+
+WireError ParseAck(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                   Ack* out) {
+  if (message.size() < 8) return WireError::kTooShort;
+  const uint8_t* p = message.data();
+  if (Get32(p) != kAckMagic) return WireError::kBadMagic;
+  if (Get16(p + 4) != kVersion) return WireError::kBadVersion;
+  if (message.size() != kAckSize) return WireError::kBadLength;
+  if (!MacEqual(RecordMac(key, kAckTag, nonce, message), Get64(p + 16))) return WireError::kBadMac;
+  if (Get32(p + 12) != 0) return WireError::kBadReserved;
+  const uint16_t status = Get16(p + 6);
+  if (status > static_cast<uint16_t>(AckStatus::kFailed)) return WireError::kBadLayout;
+  out->sequence = Get32(p + 8);
+  out->status = static_cast<AckStatus>(status);
   return WireError::kOk;
 }
 

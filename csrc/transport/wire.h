@@ -16,6 +16,14 @@ namespace vmmipc::transport::wire {
 inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kRequestMagic = 0x51524d56;  // bytes "VMRQ"
 inline constexpr uint32_t kReplyMagic = 0x50524d56;    // bytes "VMRP"
+inline constexpr uint32_t kEventMagic = 0x56454d56;    // bytes "VMEV"
+inline constexpr uint32_t kAckMagic = 0x4b414d56;      // bytes "VMAK"
+
+// Request flags. kRequestFlagWatch: after the reply, keep this connection as
+// the importer's watch connection (events about chunks it was granted: a
+// pause or resume of a memory saver; docs/protocol.md, "Follow").
+inline constexpr uint16_t kRequestFlagWatch = 1;
+inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch;
 
 // The request's first 32 bytes (magic, version, flags, pid, reserved, nonce)
 // keep their layout in every version, so that a server can answer a request
@@ -76,6 +84,7 @@ struct RequestPreamble {
 };
 
 struct Request {
+  uint16_t flags = 0;  // kRequestFlag*
   uint32_t exporter_pid = 0;
   Nonce nonce{};
   uint64_t address = 0;
@@ -133,5 +142,43 @@ std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const Re
 // header is still filled, so that the caller can see what the record claims.
 WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                      ReplyHeader* header, std::vector<ReplyEntry>* entries);
+
+// Events on a watch connection, exporter to importer, and their acks. Both
+// are MAC'd under the key of the request that opened the connection and its
+// nonce, and numbered: a record of another connection, or replayed, fails.
+inline constexpr size_t kEventSize = 48;
+inline constexpr size_t kAckSize = 24;
+
+enum class EventKind : uint16_t {
+  kPause = 1,   // the exporter unmaps the chunk: drop your mapping of it
+  kResume = 2,  // new memory is mapped at the chunk's base: its fd rides along
+};
+
+struct Event {
+  EventKind kind = EventKind::kPause;
+  uint32_t sequence = 0;
+  uint64_t base = 0;        // the chunk's base in the exporter
+  uint64_t size = 0;        // its size (for kResume: of the new memory)
+  uint64_t generation = 0;  // kPause: the generation unmapped; kResume: the new one
+};
+
+enum class AckStatus : uint16_t {
+  kDone = 0,     // held the chunk, did what the event asked
+  kNotHeld = 1,  // holds no mapping of it (closed, or never opened)
+  kFailed = 2,   // held it, could not follow (size changed, driver refused)
+};
+
+struct Ack {
+  uint32_t sequence = 0;
+  AckStatus status = AckStatus::kDone;
+};
+
+std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& nonce,
+                                            const SipKey& key);
+WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                     Event* out);
+std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key);
+WireError ParseAck(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
+                   Ack* out);
 
 }  // namespace vmmipc::transport::wire

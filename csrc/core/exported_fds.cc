@@ -1,0 +1,58 @@
+// The driver side of the exported-fd cache (state/vmm_mappings.h keeps the
+// fds): an fd for a tracked chunk, a dup of the cached one, or exported once.
+#include "core/exported_fds.h"
+
+#include <mutex>
+#include <vector>
+
+#include "common/status.h"
+#include "core/stats.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+namespace {
+
+// Exports the allocation mapped at `base` as a POSIX fd.
+CUresult ExportAt(uint64_t base, ScopedFd* fd) {
+  CUmemGenericAllocationHandle handle = 0;
+  VMMIPC_CU_CHECK(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(base));
+  int raw = -1;
+  const CUresult exported = VMMIPC_REAL(MemExportToShareableHandle, &raw, handle,
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  (void)VMMIPC_REAL(MemRelease, handle);  // the retain's reference; the mapping keeps its own
+  if (exported != CUDA_SUCCESS) return exported;
+  stats::Count(stats::Counter::kFdsExported);
+  fd->Reset(raw);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// An fd for one tracked chunk: a dup of the cached export when there is one
+// (no driver call), else a fresh export that is cached for the next grant.
+CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
+  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  if (fd->valid()) {
+    stats::Count(stats::Counter::kFdCacheGrants);
+    return CUDA_SUCCESS;
+  }
+  // Two answers missing the same chunk at once (peers opening together, or
+  // the export ahead) would export it twice: one export per chunk, the
+  // second waits and takes a dup. Striped by chunk address; never held
+  // across anything but this chunk's export.
+  static std::mutex export_stripes[16];
+  std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
+  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  if (fd->valid()) {
+    stats::Count(stats::Counter::kFdCacheGrants);
+    return CUDA_SUCCESS;
+  }
+  ScopedFd exported;
+  VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
+  std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
+  *fd = state.mappings.CacheFd(chunk.base, chunk.generation, std::move(exported), &evicted);
+  if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vmmipc::core

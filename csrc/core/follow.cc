@@ -1,0 +1,232 @@
+// Both sides of follow: the exporter's notices from its unmap/map hooks, and
+// the importer's handling of them on its follow thread.
+#include "core/follow.h"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "config/params.h"
+#include "core/exported_fds.h"
+#include "core/placement.h"
+#include "core/stats.h"
+#include "driver/real_driver.h"
+
+namespace vmmipc::core {
+namespace {
+
+std::string PidList(const std::vector<uint32_t>& pids) {
+  std::string out;
+  for (uint32_t pid : pids) out += (out.empty() ? "" : ", ") + std::to_string(pid);
+  return out;
+}
+
+// Sends `notices` and accounts for the answers: counters, and one warning
+// naming the importers that did not answer in time.
+transport::NotifyResult Notify(ProcessState& state,
+                               const std::vector<transport::WatchNotice>& notices,
+                               const char* what) {
+  const int timeout_ms = static_cast<int>(config::Get().timeout_ms);
+  transport::NotifyResult result = state.listener->Notify(notices, timeout_ms);
+  stats::Count(stats::Counter::kFollowNotices, result.events_sent);
+  if (!result.unanswered.empty()) {
+    stats::Count(stats::Counter::kFollowUnanswered, result.unanswered.size());
+    VMMIPC_LOG_WARN(
+        "follow: importer pid {} did not answer the {} of {} chunk(s) from 0x{:x} within {} ms "
+        "(stopped or hung?); going on without it",
+        PidList(result.unanswered), what, notices.size(), notices.front().base, timeout_ms);
+  }
+  return result;
+}
+
+// The importers that should hear of a resume: those that followed the
+// pause, and those that did not answer it in time (they may still follow).
+std::vector<uint32_t> Followers(const std::vector<uint32_t>& holders,
+                                const transport::NotifyResult& result, size_t notice) {
+  std::vector<uint32_t> followers = result.done[notice];
+  for (uint32_t pid : holders)
+    if (std::count(result.unanswered.begin(), result.unanswered.end(), pid) != 0 &&
+        std::count(followers.begin(), followers.end(), pid) == 0)
+      followers.push_back(pid);
+  return followers;
+}
+
+// The follow thread runs without a context of its own: use the importer's.
+void UseFollowContext(const ProcessState& state) {
+  static thread_local bool context_set = false;
+  if (!context_set && state.follow_context != nullptr)
+    context_set =
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.follow_context)) == CUDA_SUCCESS;
+}
+
+using transport::wire::AckStatus;
+using transport::wire::Event;
+using transport::wire::EventKind;
+
+AckStatus FollowPause(ProcessState& state, const state::ExporterId& exporter, const Event& event) {
+  std::vector<state::MappedChunk> chunks;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    chunks = state.imports.Pause(exporter, event.base, static_cast<uint32_t>(event.generation));
+  }
+  if (chunks.empty()) return AckStatus::kNotHeld;
+  // The mapping goes; the range stays reserved (zone slot or the open's own
+  // reservation) for the resume. Touching it now faults, as on the exporter.
+  for (const state::MappedChunk& chunk : chunks) {
+    UnmapChunk(chunk.target, chunk.size);
+    stats::Count(stats::Counter::kFollowPauses);
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} paused 0x{:x}: unmapped {} chunk(s) here", exporter.pid,
+                   event.base, chunks.size());
+  return AckStatus::kDone;
+}
+
+AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, const Event& event,
+                       int fd) {
+  std::vector<state::MappedChunk> chunks;
+  {
+    std::lock_guard<std::mutex> lock(state.import_mutex);
+    chunks = state.imports.PausedAt(exporter, event.base);
+  }
+  if (chunks.empty()) return AckStatus::kNotHeld;
+  AckStatus status = AckStatus::kDone;
+  for (const state::MappedChunk& chunk : chunks) {
+    if (chunk.size != event.size) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      VMMIPC_LOG_WARN(
+          "follow: pid {} resumed 0x{:x} with {} where {} was paused; not mapped: the range at "
+          "0x{:x} stays unmapped until it is closed",
+          exporter.pid, event.base, log::Bytes(event.size), log::Bytes(chunk.size), chunk.target);
+      status = AckStatus::kFailed;
+      continue;
+    }
+    CUresult result = MapChunk(fd, chunk.target, chunk.size);
+    if (result == CUDA_SUCCESS) {
+      result = OpenAccess(chunk.target, chunk.size, chunk.device);
+      if (result != CUDA_SUCCESS) UnmapChunk(chunk.target, chunk.size);
+    }
+    if (result != CUDA_SUCCESS) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      VMMIPC_LOG_WARN("follow: mapping the resumed 0x{:x} of pid {} at 0x{:x} failed: {}",
+                      event.base, exporter.pid, chunk.target, driver::ErrorName(result));
+      status = AckStatus::kFailed;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(state.import_mutex);
+      state.imports.Resume(chunk.target, static_cast<uint32_t>(event.generation));
+    }
+    stats::Count(stats::Counter::kFollowResumes);
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} resumed 0x{:x}: {} chunk(s) mapped again here", exporter.pid,
+                   event.base, chunks.size());
+  return status;
+}
+
+// The follow thread's handler: one event of exporter `tag` (pid << 32 | instance).
+AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
+  try {
+    ProcessState& state = State();
+    UseFollowContext(state);
+    const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
+    std::optional<uint32_t> slot;
+    {
+      std::lock_guard<std::mutex> lock(state.import_mutex);
+      slot = state.imports.RankSlotOf(exporter);
+    }
+    if (!slot) return AckStatus::kNotHeld;  // every open of it was closed
+    // The placement lock of the exporter's slot, as opens and closes take
+    // it: a close cannot unmap what this maps, nor an open probe it.
+    std::lock_guard<std::mutex> placement(state.placement_mutex(*slot, exporter.pid));
+    return event.kind == EventKind::kPause ? FollowPause(state, exporter, event)
+                                           : FollowResume(state, exporter, event, fd.get());
+  } catch (...) {
+    return AckStatus::kFailed;
+  }
+}
+
+uint64_t Tag(uint32_t pid, uint32_t instance) { return (uint64_t{pid} << 32) | instance; }
+
+}  // namespace
+
+void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
+  if (!state.listener_ready.load(std::memory_order_acquire)) return;  // never exported
+  std::vector<transport::WatchNotice> notices;
+  std::vector<const std::vector<uint32_t>*> holders;
+  for (size_t i = 0; i < taken.records.size(); ++i) {
+    if (taken.holders[i].empty()) continue;
+    const state::VmmMapping& record = taken.records[i];
+    transport::WatchNotice notice;
+    notice.kind = EventKind::kPause;
+    notice.base = record.base;
+    notice.size = record.size;
+    notice.generation = record.generation;
+    notice.pids = taken.holders[i];
+    notices.push_back(std::move(notice));
+    holders.push_back(&taken.holders[i]);
+  }
+  if (notices.empty()) return;
+  const transport::NotifyResult result = Notify(state, notices, "pause");
+  for (size_t i = 0; i < notices.size(); ++i) {
+    std::vector<uint32_t> followers = Followers(*holders[i], result, i);
+    if (followers.empty()) continue;
+    state.mappings.NotePaused({notices[i].base, notices[i].size, std::move(followers)});
+  }
+}
+
+void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
+  if (!state.listener_ready.load(std::memory_order_acquire)) return;
+  std::optional<state::PausedChunk> paused = state.mappings.TakePaused(mapping.base);
+  if (!paused) return;
+  ScopedFd fd;
+  CUresult exported = CUDA_ERROR_INVALID_VALUE;
+  if (mapping.posix_fd_exportable) exported = FdForChunk(state, mapping, &fd);
+  if (exported != CUDA_SUCCESS) {
+    VMMIPC_LOG_WARN(
+        "follow: the memory mapped again at 0x{:x} cannot be exported ({}); importer pid {} "
+        "keep(s) the range unmapped",
+        mapping.base,
+        mapping.posix_fd_exportable ? driver::ErrorName(exported)
+                                    : "created without POSIX fd export",
+        PidList(paused->holders));
+    return;
+  }
+  transport::WatchNotice notice;
+  notice.kind = EventKind::kResume;
+  notice.base = mapping.base;
+  notice.size = mapping.size;
+  notice.generation = mapping.generation;
+  notice.fd = fd.get();
+  notice.pids = paused->holders;
+  const transport::NotifyResult result = Notify(state, {notice}, "resume");
+  // They hold the new memory now: a later pause tells them again.
+  for (uint32_t pid : Followers(paused->holders, result, 0))
+    state.mappings.AddHolder(mapping.base, mapping.generation, pid);
+}
+
+bool WantsWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
+  if (!config::Get().follow) return false;
+  std::lock_guard<std::mutex> lock(state.follow_mutex);
+  return !state.watch_client || !state.watch_client->Has(Tag(pid, instance));
+}
+
+void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
+               transport::WatchConnection connection) {
+  std::lock_guard<std::mutex> lock(state.follow_mutex);
+  if (!state.watch_client) {
+    CUcontext context = nullptr;
+    if (VMMIPC_REAL(CtxGetCurrent, &context) == CUDA_SUCCESS) state.follow_context = context;
+    state.watch_client = std::make_unique<transport::WatchClient>(
+        OnEvent, static_cast<int>(config::Get().timeout_ms));
+  }
+  std::string error;
+  if (!state.watch_client->Add(Tag(pid, instance), std::move(connection), &error))
+    VMMIPC_LOG_WARN(
+        "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
+        "followed here",
+        pid, error);
+}
+
+}  // namespace vmmipc::core

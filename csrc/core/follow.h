@@ -1,0 +1,38 @@
+// Follow (VMMIPC_FOLLOW=1): importers follow a memory saver's pause and
+// resume of memory they opened. A pause is cuMemUnmap (+ cuMemRelease) of an
+// exported chunk with its address range kept; a resume is cuMemCreate +
+// cuMemMap of new memory at the same address. The exporter's hooks tell the
+// importers that were granted the chunk, over the watch connection each
+// importer keeps to it, and wait (bounded) until they have unmapped it too
+// (so the memory is really freed) or mapped the new memory at the same
+// importer address (so their pointers, and CUDA graphs over them, stay
+// valid). docs/protocol.md, "Follow", has the exchange; docs/architecture.md
+// the rules (what an importer that touches paused memory gets, importers
+// that are gone, why it is off by default).
+#pragma once
+
+#include <cstdint>
+
+#include "core/process_state.h"
+#include "state/vmm_mappings.h"
+#include "transport/peer_client.h"
+
+namespace vmmipc::core {
+
+// Exporter. The cuMemUnmap hook, with the records it took out and before
+// the driver unmaps: tells the importers that hold them, waits for them.
+void FollowUnmap(ProcessState& state, const state::TakenMappings& taken);
+// The cuMemMap hook, once `mapping` (with its generation) is recorded: when
+// importers followed a pause of a chunk at the same base, sends them the new
+// memory and waits until they mapped it.
+void FollowMap(ProcessState& state, const state::VmmMapping& mapping);
+
+// Importer. True when this open should ask exporter (pid, instance) for a
+// watch connection: follow is on and none is kept yet.
+bool WantsWatch(ProcessState& state, uint32_t pid, uint32_t instance);
+// Keeps the watch connection an open brought back (starts the follow thread
+// on first use). Failures are logged: that exporter is then not followed.
+void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
+               transport::WatchConnection connection);
+
+}  // namespace vmmipc::core

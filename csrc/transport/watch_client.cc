@@ -1,0 +1,184 @@
+// The importer's watch thread: poll the watch connections and a wake-up
+// eventfd, read each event with its fd, let core follow it, ack.
+#include "transport/watch_client.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "common/parked.h"
+#include "common/quiet_thread.h"
+#include "common/syscall.h"
+#include "transport/fd_channel.h"
+
+namespace vmmipc::transport {
+
+struct WatchClient::Impl {
+  EventHandler handler;
+  int timeout_ms = 5000;
+  // Guards connections and thread start; never held across I/O or the handler.
+  mutable std::mutex mutex;
+  std::map<uint64_t, WatchConnection> connections;  // by exporter tag
+  ScopedFd wake_fd;                                 // eventfd: a connection was added, or stop
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<std::thread> thread;
+
+  void Run() noexcept;
+  // Reads and answers one event; false when the connection must go.
+  bool Serve(uint64_t exporter, WatchConnection& connection) noexcept;
+  void Wake() noexcept {
+    const uint64_t one = 1;
+    (void)RetryOnEintr([&] { return ::write(wake_fd.get(), &one, sizeof(one)); });
+  }
+};
+
+bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
+  try {
+    std::vector<uint8_t> buffer(wire::kEventSize + 1);
+    ReceivedMessage message;
+    // Verified at the fetch: this connection is the exporter's own, so its
+    // fds (a resume's) are taken; a message that does not verify ends it.
+    const IoResult io = ReceiveMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(0));
+    if (io.status == IoStatus::kTimeout) return true;
+    if (!io.ok()) return false;  // the exporter exited or closed it
+    wire::Event event;
+    const wire::WireError parsed =
+        message.truncated
+            ? wire::WireError::kBadLength
+            : wire::ParseEvent({buffer.data(), message.length}, c.nonce, c.key, &event);
+    const size_t expected_fds = event.kind == wire::EventKind::kResume ? 1 : 0;
+    if (parsed != wire::WireError::kOk || message.control_truncated ||
+        message.fds.size() != expected_fds) {
+      VMMIPC_LOG_WARN(
+          "follow: exporter pid {} sent an event out of protocol ({}, {} fds); closing the "
+          "watch connection: its pauses and resumes are no longer followed",
+          static_cast<uint32_t>(exporter >> 32), wire::WireErrorName(parsed), message.fds.size());
+      return false;
+    }
+    ScopedFd fd;
+    if (expected_fds == 1) fd = std::move(message.fds[0]);
+    wire::Ack ack;
+    ack.sequence = event.sequence;
+    ack.status = handler(exporter, event, std::move(fd));
+    const auto bytes = wire::EncodeAck(ack, c.nonce, c.key);
+    return SendMessage(c.fd.get(), bytes, {}, Deadline::AfterMs(timeout_ms)).ok();
+  } catch (...) {
+    return false;
+  }
+}
+
+void WatchClient::Impl::Run() noexcept {
+  std::vector<pollfd> pfds;
+  std::vector<uint64_t> tags;
+  while (!stopping.load(std::memory_order_acquire)) {
+    pfds.clear();
+    tags.clear();
+    pfds.push_back({wake_fd.get(), POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [tag, connection] : connections) {
+        pfds.push_back({connection.fd.get(), POLLIN, 0});
+        tags.push_back(tag);
+      }
+    }
+    // Nothing to time out here: the exporter's side bounds every exchange.
+    const int n = ::poll(pfds.data(), pfds.size(), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      VMMIPC_LOG_ERROR("follow: poll failed: {}; no longer following exporters", ErrnoText(errno));
+      return;
+    }
+    if (pfds[0].revents != 0) {
+      uint64_t count = 0;
+      (void)!::read(wake_fd.get(), &count, sizeof(count));
+    }
+    for (size_t i = 0; i < tags.size(); ++i) {
+      if (pfds[i + 1].revents == 0) continue;
+      // Only this thread removes connections: the entry is still there.
+      WatchConnection* connection = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = connections.find(tags[i]);
+        if (it != connections.end()) connection = &it->second;
+      }
+      if (connection == nullptr || Serve(tags[i], *connection)) continue;
+      WatchConnection gone;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = connections.find(tags[i]);
+        gone = std::move(it->second);
+        connections.erase(it);
+      }
+      VMMIPC_LOG_DEBUG("follow: watch connection to exporter pid {} closed",
+                       static_cast<uint32_t>(tags[i] >> 32));
+      CloseConnection(std::move(gone.fd));
+    }
+  }
+}
+
+WatchClient::WatchClient(EventHandler handler, int timeout_ms) : impl_(std::make_unique<Impl>()) {
+  impl_->handler = std::move(handler);
+  impl_->timeout_ms = std::max(timeout_ms, 1);
+}
+
+WatchClient::~WatchClient() {
+  if (!impl_) return;
+  impl_->stopping.store(true, std::memory_order_release);
+  if (impl_->thread) {
+    impl_->Wake();
+    if (impl_->thread->joinable()) impl_->thread->join();
+  }
+  for (auto& [tag, connection] : impl_->connections) CloseConnection(std::move(connection.fd));
+}
+
+bool WatchClient::Add(uint64_t exporter, WatchConnection connection, std::string* error) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (!impl_->thread) {
+    impl_->wake_fd.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!impl_->wake_fd) {
+      *error = fmt::format("eventfd: {}", ErrnoText(errno));
+      return false;
+    }
+    try {
+      Impl* raw = impl_.get();
+      impl_->thread = StartQuietThread("vmmipc-follow", [raw] { raw->Run(); });
+    } catch (const std::exception& e) {
+      *error = fmt::format("cannot start the follow thread: {}", e.what());
+      impl_->wake_fd.Reset();
+      return false;
+    }
+  }
+  if (impl_->connections.count(exporter) != 0) {
+    CloseConnection(std::move(connection.fd));  // one per exporter is enough
+    return true;
+  }
+  impl_->connections.emplace(exporter, std::move(connection));
+  impl_->Wake();
+  return true;
+}
+
+bool WatchClient::Has(uint64_t exporter) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->connections.count(exporter) != 0;
+}
+
+void WatchClient::AbandonAfterFork() noexcept {
+  if (!impl_) return;
+  Park(impl_->thread.release());  // it does not exist here; leaked on purpose
+  std::unique_lock<std::mutex> lock(impl_->mutex, std::try_to_lock);
+  if (lock.owns_lock()) {
+    // A plain close: shutdown() would end the parent's connections too.
+    for (auto& [tag, connection] : impl_->connections) ::close(connection.fd.Release());
+    impl_->connections.clear();
+  }
+  Park(impl_.release());
+}
+
+}  // namespace vmmipc::transport
