@@ -2,8 +2,9 @@
 // write their stderr (vmmipc's log lines) to a file each, which Log() reads
 // and which is printed when a test fails; Held() is what a peer holds (its
 // fds, and on the simulated driver the driver's mappings, reservations and
-// allocations) to compare before and after. Beside it, the timing and process
-// helpers those checks use.
+// allocations) to compare before and after; ExitLog() ends a peer cleanly and
+// returns its log with the VMMIPC_STATS report. Beside it, the timing and
+// process helpers those checks use.
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +20,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -68,6 +70,14 @@ inline int FdsOf(pid_t pid) {
     closedir(d);
   }
   return n;
+}
+
+// The value of one VMMIPC_STATS counter ("name=value") in a log that holds the
+// exit report; 0 when the report leaves it out (it omits zero counters).
+inline uint64_t StatsCounter(const std::string& log, const std::string& name) {
+  std::smatch match;
+  if (!std::regex_search(log, match, std::regex("\\b" + name + "=([0-9]+)"))) return 0;
+  return std::stoull(match[1].str());
 }
 
 // What a peer holds: its fds, and (simulated driver) the driver's objects.
@@ -134,15 +144,28 @@ class LoggedPeerTest : public ::testing::Test {
     return text.str();
   }
   // Whether `text` shows up in the peer's log within `ms` (the listener logs
-  // drops when their deadline passes, after the test has moved on).
-  bool LogShows(const PeerProcess& peer, const std::string& text, int ms = 3000) {
+  // drops when their deadline passes, after the test has moved on); with
+  // `from`, only past that many bytes of the log.
+  bool LogShows(const PeerProcess& peer, const std::string& text, int ms = 3000, size_t from = 0) {
     const auto start = Clock::now();
-    while (Log(peer).find(text) == std::string::npos) {
+    while (Log(peer).find(text, from) == std::string::npos) {
       if (MsSince(start) > ms) return false;
       usleep(10000);
     }
     return true;
   }
+  // Ends the peer with a clean exit (atexit handlers run: the VMMIPC_STATS
+  // report, with VMMIPC_STATS=1) and returns its whole log.
+  std::string ExitLog(std::unique_ptr<PeerProcess>* peer) {
+    const std::string path = log_of_[peer->get()];
+    log_of_.erase(peer->get());
+    peer->reset();
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
   // The peer's resources once they stop changing, or `expected` as soon as
   // they match it: a connection that may hold an unverified peer's fds is
   // closed by the importer's reaper thread, a moment after the call returned.
