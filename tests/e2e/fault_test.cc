@@ -38,23 +38,12 @@
 #include <vector>
 
 #include "e2e_layout.h"
+#include "logged_peer_test.h"
 #include "peer_process.h"
 #include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-long MsSince(Clock::time_point start) {
-  return static_cast<long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
-}
-bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
-// "err <code> " of a CUresult, as vmmipc_peer answers it.
-std::string ErrPrefix(CUresult code) {
-  return "err " + std::to_string(static_cast<int>(code)) + " ";
-}
 
 state::Vmm2Handle Decode(const std::string& hex) {
   unsigned char bytes[state::kHandleSize] = {};
@@ -76,8 +65,6 @@ std::string Encode(const state::Vmm2Handle& h) {
   return hex;
 }
 
-// Descriptors of another process, counted from outside (no command needed,
-// so it works while that process is busy or stopped).
 // One message with one descriptor attached (SCM_RIGHTS), as a hand-made
 // peer sends it; returns sendmsg's result.
 ssize_t SendWithFd(int sock, const void* bytes, size_t size, int fd) {
@@ -94,31 +81,6 @@ ssize_t SendWithFd(int sock, const void* bytes, size_t size, int fd) {
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
   return sendmsg(sock, &m, MSG_NOSIGNAL);
-}
-
-// Stops `pid` and waits until the kernel reports it stopped ('T' in
-// /proc/<pid>/stat): kill() only queues the signal, and a loaded machine can
-// let the process run on for a while.
-bool StopAndWait(pid_t pid) {
-  if (kill(pid, SIGSTOP) != 0) return false;
-  for (int i = 0; i < 2000; ++i) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t paren = text.rfind(')');
-    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T')
-      return true;
-    usleep(1000);
-  }
-  return false;
-}
-
-int FdsOf(pid_t pid) {
-  int n = 0;
-  if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
 }
 
 // --- raw protocol pieces, for the test process acting as a hostile peer ----------------------
@@ -264,136 +226,8 @@ class Squatter {
 
 // --- the fixture ------------------------------------------------------------------------------
 
-// What a peer holds: its fds, and (simulated driver) the driver's objects.
-struct Resources {
-  int fds = -1;
-  long mappings = -1, reservations = -1, allocations = -1;
-  bool operator==(const Resources&) const = default;
-};
-std::ostream& operator<<(std::ostream& out, const Resources& r) {
-  return out << "fds=" << r.fds << " mappings=" << r.mappings << " reservations=" << r.reservations
-             << " allocations=" << r.allocations;
-}
-
-class Fault : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!DriverAvailable(&why)) {
-      GTEST_SKIP() << why;
-    }
-  }
-
-  void TearDown() override {
-    for (const auto& [name, path] : logs_) {
-      if (HasFailure()) {
-        std::ifstream in(path);
-        std::cerr << "---- stderr of " << name << " ----\n" << in.rdbuf() << "\n";
-      }
-      std::filesystem::remove(path);
-    }
-  }
-
-  static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
-
-  // A started and initialised peer with the given rank ("" = unranked),
-  // whose stderr (vmmipc's log lines) goes to a file that Log() reads.
-  std::unique_ptr<PeerProcess> Peer(const std::string& name, const std::string& rank,
-                                    std::map<std::string, std::string> env = {}) {
-    env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
-    // Unranked means no slot at all, also on a host whose GPU would give one.
-    if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
-    env.emplace("LOCAL_RANK", kUnset);
-    env.emplace("RANK", kUnset);
-    auto peer = PeerProcess::Start(env);
-    if (peer == nullptr) {
-      ADD_FAILURE() << "cannot start " << name;
-      return nullptr;
-    }
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("vmmipc-fault-" + std::to_string(getpid()) + "-" +
-                               std::to_string(logs_.size()) + "-" + name + ".log"))
-                                 .string();
-    EXPECT_EQ(peer->Call("redirect_stderr " + path), "ok");
-    logs_.emplace_back(name, path);
-    log_of_[peer.get()] = path;
-    EXPECT_EQ(peer->Call("init"), "ok");
-    return peer;
-  }
-
-  std::string Log(const PeerProcess& peer) {
-    std::ifstream in(log_of_[&peer]);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }  // Whether `text` shows up in the peer's log within `ms` (the listener logs
-  // drops when their deadline passes, after the test has moved on).
-  // The peer's resources once they stop changing, or `expected` as soon as
-  // they match it: a connection that may hold an unverified peer's fds is
-  // closed by the importer's reaper thread, a moment after the call returned.
-  Resources Settled(PeerProcess& peer, const Resources& expected) {
-    Resources now = Held(peer);
-    for (int i = 0; i < 200 && !(now == expected); ++i) {
-      usleep(10000);
-      now = Held(peer);
-    }
-    return now;
-  }
-  bool LogShows(const PeerProcess& peer, const std::string& text, int ms = 3000) {
-    const auto start = Clock::now();
-    while (Log(peer).find(text) == std::string::npos) {
-      if (MsSince(start) > ms) return false;
-      usleep(10000);
-    }
-    return true;
-  }
-
-
-  // `chunks` 2 MiB chunks in `p`, filled with `seed`; returns the base.
-  uint64_t VmmBuffer(PeerProcess& p, const std::string& name, int chunks, int seed) {
-    const uint64_t base =
-        Num(Value(p.Call("alloc_vmm " + name + " " + Hex(kChunk) + " " + std::to_string(chunks))));
-    EXPECT_NE(base, 0u);
-    EXPECT_EQ(p.Call("fill " + Hex(base) + " " + Hex(chunks * kChunk) + " " + std::to_string(seed)),
-              "ok");
-    return base;
-  }
-
-  std::string Handle(PeerProcess& exporter, uint64_t address) {
-    const std::string hex = Value(exporter.Call("get " + Hex(address)));
-    EXPECT_EQ(hex.size(), 128u);
-    return hex;
-  }
-
-  Resources Held(PeerProcess& p) {
-    Resources r;
-    r.fds = static_cast<int>(Num(Value(p.Call("fds"))));
-    const std::string stats = p.Call("stats");
-    if (StartsWith(stats, "ok ")) {
-      auto field = [&](const std::string& key) {
-        const size_t at = stats.find(key + "=");
-        return at == std::string::npos ? -1 : std::stol(stats.substr(at + key.size() + 1));
-      };
-      r.mappings = field("mappings");
-      r.reservations = field("reservations");
-      r.allocations = field("allocations");
-    }
-    return r;
-  }
-
-  // Opens `handle` in `importer`, checks `size` bytes of pattern `seed` and
-  // closes it: makes the importer's lazily created state (zone, logger,
-  // listener-less process state) exist before a baseline is taken.
-  void OpenCheckClose(PeerProcess& importer, const std::string& handle, uint64_t size, int seed) {
-    const std::string ptr = Value(importer.Call("open " + handle));
-    ASSERT_FALSE(ptr.empty());
-    EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(size) + " " + std::to_string(seed)), "ok");
-    EXPECT_EQ(importer.Call("close " + ptr), "ok");
-  }
-
-  std::vector<std::pair<std::string, std::string>> logs_;
-  std::map<const PeerProcess*, std::string> log_of_;
-};
+// The fixture is the shared one (logged_peer_test.h).
+class Fault : public LoggedPeerTest {};
 
 // --- the exporter goes away ---------------------------------------------------------------
 

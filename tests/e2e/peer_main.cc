@@ -11,6 +11,9 @@
 // The fault tests (fault_test.cc) add commands that inject simulated-driver
 // failures, cap RLIMIT_NOFILE, open and export from many threads, fork, and
 // audit CLOEXEC (FaultCommand).
+// The follow tests (follow_test.cc) pause and resume a VMM buffer the way
+// torch_memory_saver does (pause, resume), and replay a graph captured before
+// (graph_capture, graph_launch; real driver only).
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>
@@ -57,7 +60,9 @@ struct VmmBuffer {
   CUdeviceptr base = 0;
   size_t reserved = 0;
   size_t chunk = 0;
-  std::vector<CUmemGenericAllocationHandle> handles;
+  bool posix = true;
+  std::vector<CUmemGenericAllocationHandle> handles;  // none while paused
+  size_t paused_chunks = 0;                           // how many `pause` unmapped and released
 };
 
 std::map<std::string, VmmBuffer> g_vmm;
@@ -163,29 +168,48 @@ std::string Check(uint64_t addr, uint64_t size, uint64_t seed, uint64_t offset) 
   return "ok";
 }
 
-std::string AllocVmm(const std::string& name, uint64_t chunk, uint64_t count, uint64_t extra,
-                     bool posix) {
-  VmmBuffer buf;
-  buf.chunk = chunk;
-  buf.reserved = chunk * count + extra;
-  CUresult r = cuMemAddressReserve(&buf.base, buf.reserved, 0, 0, 0);
-  if (r != CUDA_SUCCESS) return Err(r);
+// cuMemCreate + cuMemMap of `count` chunks of `chunk` bytes from buf->base,
+// then cuMemSetAccess over them: how alloc_vmm maps, and resume maps again.
+CUresult MapChunks(VmmBuffer* buf, uint64_t chunk, uint64_t count) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = g_device;
-  if (posix) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (buf->posix) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUresult r = CUDA_SUCCESS;
   for (uint64_t i = 0; i < count; ++i) {
     CUmemGenericAllocationHandle h = 0;
-    if ((r = cuMemCreate(&h, chunk, &prop, 0)) != CUDA_SUCCESS) return Err(r);
-    if ((r = cuMemMap(buf.base + i * chunk, chunk, 0, h, 0)) != CUDA_SUCCESS) return Err(r);
-    buf.handles.push_back(h);
+    if ((r = cuMemCreate(&h, chunk, &prop, 0)) != CUDA_SUCCESS) return r;
+    if ((r = cuMemMap(buf->base + i * chunk, chunk, 0, h, 0)) != CUDA_SUCCESS) return r;
+    buf->handles.push_back(h);
   }
+  buf->chunk = chunk;
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = g_device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if ((r = cuMemSetAccess(buf.base, chunk * count, &access, 1)) != CUDA_SUCCESS) return Err(r);
+  return cuMemSetAccess(buf->base, chunk * count, &access, 1);
+}
+
+// cuMemUnmap and cuMemRelease of every chunk, the reservation kept.
+CUresult UnmapChunks(VmmBuffer* buf) {
+  for (size_t i = 0; i < buf->handles.size(); ++i) {
+    CUresult r = cuMemUnmap(buf->base + i * buf->chunk, buf->chunk);
+    if (r != CUDA_SUCCESS) return r;
+    if ((r = cuMemRelease(buf->handles[i])) != CUDA_SUCCESS) return r;
+  }
+  buf->handles.clear();
+  return CUDA_SUCCESS;
+}
+
+std::string AllocVmm(const std::string& name, uint64_t chunk, uint64_t count, uint64_t extra,
+                     bool posix) {
+  VmmBuffer buf;
+  buf.reserved = chunk * count + extra;
+  buf.posix = posix;
+  CUresult r = cuMemAddressReserve(&buf.base, buf.reserved, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  if ((r = MapChunks(&buf, chunk, count)) != CUDA_SUCCESS) return Err(r);
   g_vmm[name] = buf;
   return "ok " + Hex(buf.base);
 }
@@ -194,14 +218,42 @@ std::string FreeVmm(const std::string& name) {
   auto it = g_vmm.find(name);
   if (it == g_vmm.end()) return "err no such buffer";
   VmmBuffer& buf = it->second;
-  for (size_t i = 0; i < buf.handles.size(); ++i) {
-    CUresult r = cuMemUnmap(buf.base + i * buf.chunk, buf.chunk);
-    if (r != CUDA_SUCCESS) return Err(r);
-    if ((r = cuMemRelease(buf.handles[i])) != CUDA_SUCCESS) return Err(r);
-  }
-  CUresult r = cuMemAddressFree(buf.base, buf.reserved);
+  CUresult r = UnmapChunks(&buf);
+  if (r != CUDA_SUCCESS) return Err(r);
+  r = cuMemAddressFree(buf.base, buf.reserved);
   g_vmm.erase(it);
   return r == CUDA_SUCCESS ? "ok" : Err(r);
+}
+
+// torch_memory_saver's pause (vLLM's sleep): every chunk unmapped and released,
+// the VA reservation kept for the resume.
+std::string PauseVmm(const std::string& name) {
+  auto it = g_vmm.find(name);
+  if (it == g_vmm.end()) return "err no such buffer";
+  VmmBuffer& buf = it->second;
+  if (buf.handles.empty()) return "err already paused";
+  const size_t chunks = buf.handles.size();
+  CUresult r = UnmapChunks(&buf);
+  if (r != CUDA_SUCCESS) return Err(r);
+  buf.paused_chunks = chunks;
+  return "ok";
+}
+
+// Its resume: new memory created and mapped at the same chunk addresses. With
+// a chunk size other than the paused one, one chunk of that size at the base
+// (a resume the importers must refuse).
+std::string ResumeVmm(const std::string& name, uint64_t chunk) {
+  auto it = g_vmm.find(name);
+  if (it == g_vmm.end()) return "err no such buffer";
+  VmmBuffer& buf = it->second;
+  if (buf.paused_chunks == 0) return "err not paused";
+  if (chunk == 0) chunk = buf.chunk;
+  const uint64_t count = chunk == buf.chunk ? buf.paused_chunks : 1;
+  if (chunk * count > buf.reserved) return "err larger than the reservation";
+  CUresult r = MapChunks(&buf, chunk, count);
+  if (r != CUDA_SUCCESS) return Err(r);
+  buf.paused_chunks = 0;
+  return "ok";
 }
 
 int CountFds() {
@@ -724,36 +776,59 @@ Fn RealOnly(const char* name) {
   return lib != nullptr ? reinterpret_cast<Fn>(dlsym(lib, name)) : nullptr;
 }
 
-// Captures a graph that copies [src, src + size) to dst on a fresh stream,
-// launches it twice and synchronizes: what a graph over peer pointers does.
-std::string GraphCopy(uint64_t dst, uint64_t src, uint64_t size) {
+// A captured graph and the stream it replays on.
+struct CapturedGraph {
+  CUstream stream = nullptr;
+  CUgraphExec exec = nullptr;
+};
+std::map<std::string, CapturedGraph> g_graphs;
+
+// Captures a graph that copies [src, src + size) to dst on a fresh stream and
+// instantiates it, as `name`: what a graph over peer pointers does.
+std::string GraphCapture(const std::string& name, uint64_t dst, uint64_t src, uint64_t size) {
   using StreamCreate = CUresult (*)(CUstream*, unsigned);
   using BeginCapture = CUresult (*)(CUstream, CUstreamCaptureMode);
   using CopyAsync = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   using EndCapture = CUresult (*)(CUstream, CUgraph*);
   using Instantiate = CUresult (*)(CUgraphExec*, CUgraph, unsigned long long);
-  using Launch = CUresult (*)(CUgraphExec, CUstream);
-  using Sync = CUresult (*)(CUstream);
   auto create = RealOnly<StreamCreate>("cuStreamCreate");
   auto begin = RealOnly<BeginCapture>("cuStreamBeginCapture_v2");
   auto copy = RealOnly<CopyAsync>("cuMemcpyDtoDAsync_v2");
   auto end = RealOnly<EndCapture>("cuStreamEndCapture");
   auto instantiate = RealOnly<Instantiate>("cuGraphInstantiateWithFlags");
+  if (!create || !begin || !copy || !end || !instantiate) return "err unsupported by this driver";
+  CapturedGraph captured;
+  CUgraph graph = nullptr;
+  CUresult r = create(&captured.stream, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) r = begin(captured.stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (r == CUDA_SUCCESS) r = copy(dst, src, size, captured.stream);
+  if (r == CUDA_SUCCESS) r = end(captured.stream, &graph);
+  if (r == CUDA_SUCCESS) r = instantiate(&captured.exec, graph, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  g_graphs[name] = captured;
+  return "ok";
+}
+
+// Launches the graph captured as `name` `times` times and synchronizes.
+std::string GraphLaunch(const std::string& name, int times) {
+  using Launch = CUresult (*)(CUgraphExec, CUstream);
+  using Sync = CUresult (*)(CUstream);
   auto launch = RealOnly<Launch>("cuGraphLaunch");
   auto sync = RealOnly<Sync>("cuStreamSynchronize");
-  if (!create || !begin || !copy || !end || !instantiate || !launch || !sync)
-    return "err unsupported by this driver";
-  CUstream stream = nullptr;
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  CUresult r = create(&stream, CU_STREAM_NON_BLOCKING);
-  if (r == CUDA_SUCCESS) r = begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
-  if (r == CUDA_SUCCESS) r = copy(dst, src, size, stream);
-  if (r == CUDA_SUCCESS) r = end(stream, &graph);
-  if (r == CUDA_SUCCESS) r = instantiate(&exec, graph, 0);
-  for (int i = 0; r == CUDA_SUCCESS && i < 2; ++i) r = launch(exec, stream);
-  if (r == CUDA_SUCCESS) r = sync(stream);
+  if (!launch || !sync) return "err unsupported by this driver";
+  auto it = g_graphs.find(name);
+  if (it == g_graphs.end()) return "err no such graph";
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; r == CUDA_SUCCESS && i < times; ++i)
+    r = launch(it->second.exec, it->second.stream);
+  if (r == CUDA_SUCCESS) r = sync(it->second.stream);
   return r == CUDA_SUCCESS ? "ok" : Err(r);
+}
+
+// Captures a copy of [src, src + size) to dst, launches it twice and synchronizes.
+std::string GraphCopy(uint64_t dst, uint64_t src, uint64_t size) {
+  const std::string captured = GraphCapture("", dst, src, size);
+  return captured == "ok" ? GraphLaunch("", 2) : captured;
 }
 
 std::string MedianGbps(std::vector<double> seconds, uint64_t size) {
@@ -825,6 +900,9 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return AllocVmm(a.at(1), Num(a.at(2)), Num(a.at(3)), a.size() > 4 ? Num(a[4]) : 0,
                     !(a.size() > 5 && a[5] == "noposix"));
   if (cmd == "free_vmm") return FreeVmm(a.at(1));
+  if (cmd == "pause") return PauseVmm(a.at(1));  // name: unmap + release, the reservation kept
+  if (cmd == "resume")  // name [chunk]: create + map + set access again (one chunk if resized)
+    return ResumeVmm(a.at(1), a.size() > 2 ? Num(a[2]) : 0);
   if (cmd == "alloc_legacy") {
     CUdeviceptr p = 0;
     CUresult r = cuMemAlloc(&p, Num(a.at(1)));
@@ -925,6 +1003,10 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return r == CUDA_SUCCESS ? "ok " + std::to_string(count) : Err(r);
   }
   if (cmd == "graph_copy") return GraphCopy(Num(a.at(1)), Num(a.at(2)), Num(a.at(3)));
+  if (cmd == "graph_capture")  // name dst src size: a copy captured in a graph, kept
+    return GraphCapture(a.at(1), Num(a.at(2)), Num(a.at(3)), Num(a.at(4)));
+  if (cmd == "graph_launch")  // name: replays it once and synchronizes
+    return GraphLaunch(a.at(1), 1);
   if (cmd == "bandwidth")  // dst src size iterations: GB/s of cuMemcpyDtoD, median
     return Bandwidth(Num(a.at(1)), Num(a.at(2)), Num(a.at(3)), std::stoi(a.at(4)));
   if (cmd == "peer_bandwidth")  // size iterations: cuMemcpyPeer device 1 -> device 0

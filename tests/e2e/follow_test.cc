@@ -1,0 +1,351 @@
+// "Follow" (issue 14): with VMMIPC_FOLLOW=1 in every rank, importers follow
+// an exporter's memory-saver pause (cuMemUnmap + cuMemRelease, the reservation
+// kept: torch_memory_saver, vLLM sleep) and resume (cuMemCreate + cuMemMap at
+// the same addresses): a pause frees the importers' mappings too, a resume maps
+// the new memory at the importer's old pointer; a gone importer does not delay
+// a pause, a stopped one costs it VMMIPC_TIMEOUT_MS and is named; a resume of
+// another size is refused; an open closed while paused leaves nothing. With the
+// switch off (the default) an importer keeps the old memory, as before.
+//
+// vmmipc_peer's `pause NAME` and `resume NAME [CHUNK_SIZE]` do what
+// torch_memory_saver does on an alloc_vmm buffer. The VMMIPC_STATS counters
+// are read from each peer's exit report; what the pause frees is read from
+// the simulated driver (`stats`), and on a GPU only the fds are compared.
+// The graph test runs on a GPU only (the simulator has no graphs).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+#include <regex>
+#include <string>
+
+#include "e2e_layout.h"
+#include "logged_peer_test.h"
+#include "peer_process.h"
+
+namespace vmmipc::testing {
+namespace {
+
+// Whether a warning line of `log` names `pid` (not in its own prefix: after "warning:").
+bool WarningNames(const std::string& log, pid_t pid) {
+  return std::regex_search(log, std::regex(" warning: [^\n]*\\b" + std::to_string(pid) + "\\b"));
+}
+
+class Follow : public LoggedPeerTest {
+ protected:
+  // A peer with the follow switch on (unless `env` says otherwise) and the
+  // VMMIPC_STATS exit report that ExitLog() returns.
+  std::unique_ptr<PeerProcess> FollowPeer(const std::string& name, const std::string& rank,
+                                          std::map<std::string, std::string> env = {}) {
+    env.emplace("VMMIPC_FOLLOW", "1");
+    env.emplace("VMMIPC_STATS", "1");
+    return Peer(name, rank, env);
+  }
+
+  // One buffer of the exporter opened by the importer.
+  struct Shared {
+    std::string handle;
+    Resources baseline;  // the importer's, before this open (its lazy state made)
+    std::string ptr;     // the importer's pointer ("" if the open failed)
+  };
+
+  // Exports `size` bytes at `base` (filled with `seed`), makes the importer's
+  // lazily created state (zone, and with follow on its watch connection to
+  // this exporter) with one open and close, takes the importer's baseline, then
+  // opens again and checks the bytes.
+  Shared Share(PeerProcess& exporter, PeerProcess& importer, uint64_t base, uint64_t size,
+               int seed) {
+    Shared s;
+    s.handle = Handle(exporter, base);
+    OpenCheckClose(importer, s.handle, size, seed);
+    s.baseline = Held(importer);
+    s.ptr = Value(importer.Call("open " + s.handle));
+    EXPECT_FALSE(s.ptr.empty());
+    if (!s.ptr.empty()) {
+      EXPECT_EQ(importer.Call("check " + s.ptr + " " + Hex(size) + " " + std::to_string(seed)),
+                "ok");
+    }
+    return s;
+  }
+
+  // `command` in `peer`; its answer in *answer, the milliseconds it took returned.
+  static long Timed(PeerProcess& peer, const std::string& command, std::string* answer) {
+    const auto start = Clock::now();
+    *answer = peer.Call(command);
+    return MsSince(start);
+  }
+
+  // The exit report of a peer (VMMIPC_STATS=1): its whole log, checked to hold one.
+  std::string Report(std::unique_ptr<PeerProcess>* peer) {
+    const std::string log = ExitLog(peer);
+    EXPECT_NE(log.find("stats at exit:"), std::string::npos) << "no VMMIPC_STATS report";
+    return log;
+  }
+
+  // On the simulated driver, touching memory that is not mapped is refused
+  // (the real driver faults): the paused range must not be readable.
+  static void ExpectUnmapped(PeerProcess& importer, const std::string& ptr) {
+    if (Sim()) {
+      EXPECT_TRUE(StartsWith(importer.Call("check " + ptr + " 0x1000 1"), "err "))
+          << "the importer can still read its old mapping at " << ptr;
+    }
+  }
+};
+
+TEST_F(Follow, PauseFreesTheImportersMappingAndResumeMapsNewMemoryAtTheSamePointer) {
+  auto exporter = FollowPeer("exporter", "0");
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 1);
+  const Shared s = Share(*exporter, *importer, base, size, 1);
+  ASSERT_FALSE(s.ptr.empty());
+  const std::string range = importer->Call("range " + s.ptr);
+  ASSERT_TRUE(StartsWith(range, "ok ")) << range;
+  const Resources opened = Held(*importer);
+  if (Sim()) {
+    ASSERT_GT(opened.allocations, s.baseline.allocations) << opened;
+  }
+
+  // Pause: the importer's mapping goes (and with it the memory), its pointer and record stay.
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline)
+      << "the pause left the importer holding the exporter's old memory";
+  EXPECT_EQ(importer->Call("range " + s.ptr), range);
+  ExpectUnmapped(*importer, s.ptr);
+
+  // Resume: new memory, mapped at the same pointer, shared both ways.
+  ASSERT_EQ(exporter->Call("resume a"), "ok");
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 2"), "ok");
+  EXPECT_EQ(importer->Call("check " + s.ptr + " " + Hex(size) + " 2"), "ok")
+      << "the importer does not see the resumed memory at its pointer";
+  EXPECT_EQ(importer->Call("range " + s.ptr), range);
+  if (Sim()) {
+    EXPECT_EQ(Settled(*importer, opened), opened);  // what the open held, and no more
+  }
+  EXPECT_EQ(importer->Call("fill " + s.ptr + " " + Hex(size) + " 3"), "ok");
+  EXPECT_EQ(exporter->Call("check " + Hex(base) + " " + Hex(size) + " 3"), "ok");
+
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  EXPECT_EQ(exporter->Call("free_vmm a"), "ok");
+  const std::string imported = Report(&importer);
+  EXPECT_EQ(StatsCounter(imported, "follow_pauses"), 2u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resumes"), 2u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resume_refused"), 0u);
+  const std::string exported = Report(&exporter);
+  EXPECT_GT(StatsCounter(exported, "follow_notices"), 0u);
+  EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 0u);
+}
+
+TEST_F(Follow, ANewHandleOfTheResumedMemoryOpensAtTheOldPointer) {
+  auto exporter = FollowPeer("exporter", "0");
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 4);
+  const Shared s = Share(*exporter, *importer, base, size, 4);
+  ASSERT_FALSE(s.ptr.empty());
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  ASSERT_EQ(exporter->Call("resume a"), "ok");
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 5"), "ok");
+
+  const std::string again = Value(importer->Call("open " + Handle(*exporter, base)));
+  ASSERT_FALSE(again.empty());
+  EXPECT_EQ(again, s.ptr) << "a new handle of the resumed memory opened elsewhere";
+  EXPECT_EQ(importer->Call("check " + again + " " + Hex(size) + " 5"), "ok");
+  // Each open needs its close (one pointer twice, or, failing, two pointers).
+  EXPECT_EQ(importer->Call("close " + again), "ok");
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+}
+
+TEST_F(Follow, AGoneImporterDoesNotDelayThePause) {
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
+  auto gone = FollowPeer("gone", "1");
+  auto follower = FollowPeer("follower", "2");
+  ASSERT_TRUE(exporter && gone && follower);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 6);
+  const Shared s = Share(*exporter, *follower, base, size, 6);
+  ASSERT_FALSE(s.ptr.empty());
+  ASSERT_FALSE(Value(gone->Call("open " + s.handle)).empty());
+  gone->Kill();
+
+  std::string answer;
+  const long pause_ms = Timed(*exporter, "pause a", &answer);
+  EXPECT_EQ(answer, "ok");
+  EXPECT_LT(pause_ms, 1500) << "a gone importer delayed the pause (timeout 3000 ms)";
+  EXPECT_EQ(Settled(*follower, s.baseline), s.baseline);
+  EXPECT_EQ(exporter->Call("resume a"), "ok");
+  EXPECT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 7"), "ok");
+  EXPECT_EQ(follower->Call("check " + s.ptr + " " + Hex(size) + " 7"), "ok");
+  EXPECT_EQ(follower->Call("close " + s.ptr), "ok");
+
+  const std::string followed = Report(&follower);
+  EXPECT_EQ(StatsCounter(followed, "follow_pauses"), 2u);
+  const std::string exported = Report(&exporter);
+  EXPECT_GT(StatsCounter(exported, "follow_notices"), 0u);
+  EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 0u);
+}
+
+TEST_F(Follow, AStoppedImporterCostsThePauseTheTimeoutIsNamedAndCatchesUp) {
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  // One chunk: one event, so one wait of the timeout and one unanswered importer.
+  const uint64_t base = VmmBuffer(*exporter, "a", 1, 8);
+  const Shared s = Share(*exporter, *importer, base, kChunk, 8);
+  ASSERT_FALSE(s.ptr.empty());
+
+  ASSERT_TRUE(StopAndWait(importer->pid()));
+  std::string answer;
+  const long pause_ms = Timed(*exporter, "pause a", &answer);
+  ASSERT_EQ(kill(importer->pid(), SIGCONT), 0);
+  EXPECT_EQ(answer, "ok");
+  // Bounds, not a performance figure: it waited for the importer, then gave up.
+  EXPECT_GE(pause_ms, 800) << "the pause did not wait for the stopped importer";
+  EXPECT_LT(pause_ms, 5000);
+  const auto start = Clock::now();
+  while (!WarningNames(Log(*exporter), importer->pid()) && MsSince(start) < 3000) usleep(10000);
+  EXPECT_TRUE(WarningNames(Log(*exporter), importer->pid()))
+      << "no warning names the stopped importer, pid " << importer->pid();
+
+  // Running again, the importer handles the pause it missed.
+  if (Sim()) {
+    Resources now = Settled(*importer, s.baseline);
+    for (const auto start = Clock::now(); !(now == s.baseline) && MsSince(start) < 5000;)
+      now = Settled(*importer, s.baseline);
+    EXPECT_EQ(now, s.baseline) << "the importer did not catch up with the pause";
+  }
+  // And follows the next resume.
+  EXPECT_EQ(exporter->Call("resume a"), "ok");
+  EXPECT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("check " + s.ptr + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+
+  const std::string imported = Report(&importer);
+  EXPECT_EQ(StatsCounter(imported, "follow_pauses"), 1u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resumes"), 1u);
+  const std::string exported = Report(&exporter);
+  EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 1u);
+}
+
+TEST_F(Follow, AResumeOfAnotherSizeIsRefusedAndTheOpenStillClosesCleanly) {
+  auto exporter = FollowPeer("exporter", "0");
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  // One chunk, and room after it in the reservation for a resume twice its size.
+  const uint64_t base =
+      Num(Value(exporter->Call("alloc_vmm a " + Hex(kChunk) + " 1 " + Hex(kChunk))));
+  ASSERT_NE(base, 0u);
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 10"), "ok");
+  const Shared s = Share(*exporter, *importer, base, kChunk, 10);
+  ASSERT_FALSE(s.ptr.empty());
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+
+  const size_t mark = Log(*importer).size();
+  EXPECT_EQ(exporter->Call("resume a " + Hex(2 * kChunk)), "ok");
+  EXPECT_TRUE(LogShows(*importer, " warning: ", 3000, mark)) << "no warning about the refusal";
+  // The exporter's memory works; the importer's range stays unmapped.
+  EXPECT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(2 * kChunk) + " 11"), "ok");
+  EXPECT_EQ(exporter->Call("check " + Hex(base) + " " + Hex(2 * kChunk) + " 11"), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  ExpectUnmapped(*importer, s.ptr);
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  EXPECT_EQ(importer->Call("pid"), "ok " + std::to_string(importer->pid()));
+
+  const std::string imported = Report(&importer);
+  EXPECT_EQ(StatsCounter(imported, "follow_resume_refused"), 1u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resumes"), 0u);
+  EXPECT_EQ(StatsCounter(imported, "follow_pauses"), 1u);
+}
+
+TEST_F(Follow, ClosingWhilePausedReleasesEverythingAndTheLaterResumeIsIgnored) {
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 12);
+  const Shared s = Share(*exporter, *importer, base, size, 12);
+  ASSERT_FALSE(s.ptr.empty());
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+
+  std::string answer;
+  const long resume_ms = Timed(*exporter, "resume a", &answer);
+  EXPECT_EQ(answer, "ok");
+  EXPECT_LT(resume_ms, 1500) << "the resume waited for an importer that had closed";
+  EXPECT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 13"), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  EXPECT_EQ(importer->Call("close " + s.ptr).substr(0, 6), "err 1 ");
+
+  const std::string imported = Report(&importer);
+  EXPECT_EQ(StatsCounter(imported, "follow_pauses"), 2u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resumes"), 0u);
+  EXPECT_EQ(StatsCounter(imported, "follow_resume_refused"), 0u);
+  const std::string exported = Report(&exporter);
+  EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 0u);
+}
+
+// The documented default: nothing follows, the importer keeps the old memory alive.
+TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemory) {
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_FOLLOW", kUnset}});
+  auto importer = FollowPeer("importer", "1", {{"VMMIPC_FOLLOW", kUnset}});
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 14);
+  const Shared s = Share(*exporter, *importer, base, size, 14);
+  ASSERT_FALSE(s.ptr.empty());
+  const Resources opened = Held(*importer);
+
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  EXPECT_EQ(Held(*importer), opened) << "the importer let go of the old memory";
+  ASSERT_EQ(exporter->Call("resume a"), "ok");
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 15"), "ok");
+  // Old bytes at the importer's pointer, and the two sides no longer share.
+  EXPECT_EQ(importer->Call("check " + s.ptr + " " + Hex(size) + " 14"), "ok");
+  EXPECT_EQ(importer->Call("fill " + s.ptr + " " + Hex(size) + " 16"), "ok");
+  EXPECT_EQ(exporter->Call("check " + Hex(base) + " " + Hex(size) + " 15"), "ok");
+  EXPECT_EQ(Held(*importer), opened);
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+
+  for (auto* peer : {&importer, &exporter}) {
+    const std::string log = Report(peer);
+    for (const char* counter : {"follow_pauses", "follow_resumes", "follow_resume_refused",
+                                "follow_notices", "follow_unanswered"})
+      EXPECT_EQ(StatsCounter(log, counter), 0u) << counter;
+  }
+}
+
+TEST_F(Follow, AGraphCapturedBeforeThePauseReplaysOnTheResumedMemory) {
+  if (Sim()) GTEST_SKIP() << "GPU only: the simulated driver has no graphs";
+  auto exporter = FollowPeer("exporter", "0");
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t size = 2 * kChunk;
+  const uint64_t base = VmmBuffer(*exporter, "a", 2, 17);
+  const Shared s = Share(*exporter, *importer, base, size, 17);
+  ASSERT_FALSE(s.ptr.empty());
+  // The graph copies the peer memory into the importer's own buffer.
+  const uint64_t local = VmmBuffer(*importer, "local", 2, 18);
+  ASSERT_EQ(importer->Call("graph_capture g " + Hex(local) + " " + s.ptr + " " + Hex(size)), "ok");
+  ASSERT_EQ(importer->Call("graph_launch g"), "ok");
+  EXPECT_EQ(importer->Call("check " + Hex(local) + " " + Hex(size) + " 17"), "ok");
+
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  ASSERT_EQ(exporter->Call("resume a"), "ok");
+  ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 19"), "ok");
+  EXPECT_EQ(importer->Call("graph_launch g"), "ok");
+  EXPECT_EQ(importer->Call("check " + Hex(local) + " " + Hex(size) + " 19"), "ok")
+      << "the replayed graph did not read the resumed memory";
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+}
+
+}  // namespace
+}  // namespace vmmipc::testing

@@ -1,0 +1,227 @@
+// LoggedPeerTest: the fixture the fault and follow suites share. Its peers
+// write their stderr (vmmipc's log lines) to a file each, which Log() reads
+// and which is printed when a test fails; Held() is what a peer holds (its
+// fds, and on the simulated driver the driver's mappings, reservations and
+// allocations) to compare before and after; ExitLog() ends a peer cleanly and
+// returns its log with the VMMIPC_STATS report. Beside it, the timing and
+// process helpers those checks use.
+#pragma once
+
+#include <cuda.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "e2e_layout.h"
+#include "peer_process.h"
+
+namespace vmmipc::testing {
+
+using Clock = std::chrono::steady_clock;
+
+inline long MsSince(Clock::time_point start) {
+  return static_cast<long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+}
+inline bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+// "err <code> " of a CUresult, as vmmipc_peer answers it.
+inline std::string ErrPrefix(CUresult code) {
+  return "err " + std::to_string(static_cast<int>(code)) + " ";
+}
+
+// Stops `pid` and waits until the kernel reports it stopped ('T' in
+// /proc/<pid>/stat): kill() only queues the signal, and a loaded machine can
+// let the process run on for a while.
+inline bool StopAndWait(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T')
+      return true;
+    usleep(1000);
+  }
+  return false;
+}
+
+// Descriptors of another process, counted from outside (no command needed,
+// so it works while that process is busy or stopped).
+inline int FdsOf(pid_t pid) {
+  int n = 0;
+  if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// The value of one VMMIPC_STATS counter ("name=value") in a log that holds the
+// exit report; 0 when the report leaves it out (it omits zero counters).
+inline uint64_t StatsCounter(const std::string& log, const std::string& name) {
+  std::smatch match;
+  if (!std::regex_search(log, match, std::regex("\\b" + name + "=([0-9]+)"))) return 0;
+  return std::stoull(match[1].str());
+}
+
+// What a peer holds: its fds, and (simulated driver) the driver's objects.
+struct Resources {
+  int fds = -1;
+  long mappings = -1, reservations = -1, allocations = -1;
+  bool operator==(const Resources&) const = default;
+};
+inline std::ostream& operator<<(std::ostream& out, const Resources& r) {
+  return out << "fds=" << r.fds << " mappings=" << r.mappings << " reservations=" << r.reservations
+             << " allocations=" << r.allocations;
+}
+
+class LoggedPeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!DriverAvailable(&why)) {
+      GTEST_SKIP() << why;
+    }
+  }
+
+  void TearDown() override {
+    for (const auto& [name, path] : logs_) {
+      if (HasFailure()) {
+        std::ifstream in(path);
+        std::cerr << "---- stderr of " << name << " ----\n" << in.rdbuf() << "\n";
+      }
+      std::filesystem::remove(path);
+    }
+  }
+
+  static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
+
+  // A started and initialised peer with the given rank ("" = unranked),
+  // whose stderr (vmmipc's log lines) goes to a file that Log() reads.
+  std::unique_ptr<PeerProcess> Peer(const std::string& name, const std::string& rank,
+                                    std::map<std::string, std::string> env = {}) {
+    env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
+    // Unranked means no slot at all, also on a host whose GPU would give one.
+    if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
+    env.emplace("LOCAL_RANK", kUnset);
+    env.emplace("RANK", kUnset);
+    auto peer = PeerProcess::Start(env);
+    if (peer == nullptr) {
+      ADD_FAILURE() << "cannot start " << name;
+      return nullptr;
+    }
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("vmmipc-e2e-" + std::to_string(getpid()) + "-" +
+                               std::to_string(logs_.size()) + "-" + name + ".log"))
+                                 .string();
+    EXPECT_EQ(peer->Call("redirect_stderr " + path), "ok");
+    logs_.emplace_back(name, path);
+    log_of_[peer.get()] = path;
+    EXPECT_EQ(peer->Call("init"), "ok");
+    return peer;
+  }
+
+  std::string Log(const PeerProcess& peer) {
+    std::ifstream in(log_of_[&peer]);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  // Whether `text` shows up in the peer's log within `ms` (the listener logs
+  // drops when their deadline passes, after the test has moved on); with
+  // `from`, only past that many bytes of the log.
+  bool LogShows(const PeerProcess& peer, const std::string& text, int ms = 3000, size_t from = 0) {
+    const auto start = Clock::now();
+    while (Log(peer).find(text, from) == std::string::npos) {
+      if (MsSince(start) > ms) return false;
+      usleep(10000);
+    }
+    return true;
+  }
+  // Ends the peer with a clean exit (atexit handlers run: the VMMIPC_STATS
+  // report, with VMMIPC_STATS=1) and returns its whole log.
+  std::string ExitLog(std::unique_ptr<PeerProcess>* peer) {
+    const std::string path = log_of_[peer->get()];
+    log_of_.erase(peer->get());
+    peer->reset();
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  // The peer's resources once they stop changing, or `expected` as soon as
+  // they match it: a connection that may hold an unverified peer's fds is
+  // closed by the importer's reaper thread, a moment after the call returned.
+  Resources Settled(PeerProcess& peer, const Resources& expected) {
+    Resources now = Held(peer);
+    for (int i = 0; i < 200 && !(now == expected); ++i) {
+      usleep(10000);
+      now = Held(peer);
+    }
+    return now;
+  }
+
+  // `chunks` 2 MiB chunks in `p`, filled with `seed`; returns the base.
+  uint64_t VmmBuffer(PeerProcess& p, const std::string& name, int chunks, int seed) {
+    const uint64_t base =
+        Num(Value(p.Call("alloc_vmm " + name + " " + Hex(kChunk) + " " + std::to_string(chunks))));
+    EXPECT_NE(base, 0u);
+    EXPECT_EQ(p.Call("fill " + Hex(base) + " " + Hex(chunks * kChunk) + " " + std::to_string(seed)),
+              "ok");
+    return base;
+  }
+
+  std::string Handle(PeerProcess& exporter, uint64_t address) {
+    const std::string hex = Value(exporter.Call("get " + Hex(address)));
+    EXPECT_EQ(hex.size(), 128u);
+    return hex;
+  }
+
+  Resources Held(PeerProcess& p) {
+    Resources r;
+    r.fds = static_cast<int>(Num(Value(p.Call("fds"))));
+    const std::string stats = p.Call("stats");
+    if (StartsWith(stats, "ok ")) {
+      auto field = [&](const std::string& key) {
+        const size_t at = stats.find(key + "=");
+        return at == std::string::npos ? -1 : std::stol(stats.substr(at + key.size() + 1));
+      };
+      r.mappings = field("mappings");
+      r.reservations = field("reservations");
+      r.allocations = field("allocations");
+    }
+    return r;
+  }
+
+  // Opens `handle` in `importer`, checks `size` bytes of pattern `seed` and
+  // closes it: makes the importer's lazily created state (zone, logger,
+  // listener-less process state) exist before a baseline is taken.
+  void OpenCheckClose(PeerProcess& importer, const std::string& handle, uint64_t size, int seed) {
+    const std::string ptr = Value(importer.Call("open " + handle));
+    ASSERT_FALSE(ptr.empty());
+    EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(size) + " " + std::to_string(seed)), "ok");
+    EXPECT_EQ(importer.Call("close " + ptr), "ok");
+  }
+
+  std::vector<std::pair<std::string, std::string>> logs_;
+  std::map<const PeerProcess*, std::string> log_of_;
+};
+
+}  // namespace vmmipc::testing
