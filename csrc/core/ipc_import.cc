@@ -284,8 +284,22 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   state::OpenRecord record;
   std::vector<state::MappedChunk> mapped_now;
   std::vector<const transport::ChunkGrant*> to_map;
+  const uint64_t run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
   {
     std::lock_guard<std::mutex> lock(state.import_mutex);
+    // Another handle's open returned this pointer for another run (only
+    // possible after a followed resume changed what lies there).
+    if (state.imports.UseOf(placement.run_target + (h.address - run_base), placement.run_target,
+                            run_size) == state::PointerUse::kOtherRun) {
+      stats::Count(stats::Counter::kOpenFailedMap);
+      VMMIPC_LOG_WARN(
+          "cuIpcOpenMemHandle(pid {}, 0x{:x}): an open of another run of the exporter already "
+          "returned that pointer; close it first",
+          h.pid, h.address);
+      if (placement.private_reservation != 0)
+        FreeReservation(placement.private_reservation, placement.private_size);
+      return CUDA_ERROR_MAP_FAILED;
+    }
     for (const auto& chunk : fetched.chunks) {
       state::MappedChunk mapped{placement.run_target + (chunk.address - run_base),
                                 chunk.size,
@@ -329,7 +343,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   record.key = key;
   record.pointer = placement.run_target + (h.address - run_base);
   record.run_base = placement.run_target;
-  record.run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
+  record.run_size = run_size;
   record.zone_slot = placement.zone_slot;
   record.private_reservation = placement.private_reservation;
   record.private_reservation_size = placement.private_size;

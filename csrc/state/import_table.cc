@@ -35,7 +35,21 @@ void ImportTable::AddChunk(const MappedChunk& chunk) {
   chunks_[chunk.target] = copy;
 }
 
+PointerUse ImportTable::UseOf(uint64_t pointer, uint64_t run_base, uint64_t run_size) const {
+  auto it = opens_.find(pointer);
+  if (it == opens_.end()) return PointerUse::kFree;
+  return it->second.run_base == run_base && it->second.run_size == run_size ? PointerUse::kSameRun
+                                                                            : PointerUse::kOtherRun;
+}
+
 void ImportTable::AddOpen(OpenRecord record) {
+  if (auto existing = opens_.find(record.pointer); existing != opens_.end()) {
+    // Core checked UseOf: the same run, its chunks already counted.
+    ++existing->second.opens;
+    existing->second.alias_keys.push_back(record.key);
+    by_key_[record.key] = record.pointer;
+    return;
+  }
   for (uint64_t target : record.chunks) ++chunks_.at(target).users;
   record.opens = 1;
   if (record.zone_slot != kNotInZone) {
@@ -69,6 +83,7 @@ CloseResult ImportTable::Close(uint64_t pointer) {
   result.free_reservation = record.private_reservation;
   result.free_reservation_size = record.private_reservation_size;
   by_key_.erase(record.key);
+  for (const OpenKey& alias : record.alias_keys) by_key_.erase(alias);
   opens_.erase(it);
   return result;
 }

@@ -66,6 +66,15 @@ struct OpenRecord {
   uint64_t run_size = 0;
   uint64_t private_reservation = 0;  // best-effort placement: its own reservation
   uint64_t private_reservation_size = 0;
+  // Other handles that opened this same run at this same pointer: after a
+  // followed resume, a handle of the new memory lands where the old one is.
+  std::vector<OpenKey> alias_keys;
+};
+
+enum class PointerUse {
+  kFree,      // no open returned this pointer
+  kSameRun,   // an open returned it for exactly this run: the new open joins it
+  kOtherRun,  // an open returned it for another run
 };
 
 enum class ChunkProbe {
@@ -91,7 +100,11 @@ class ImportTable {
                    uint64_t exporter_address, uint32_t generation) const;
   // Records a newly mapped chunk with no users yet.
   void AddChunk(const MappedChunk& chunk);
-  // Records an open whose chunks (all already added) it starts using.
+  // Whether `pointer` was returned by an open, and for which run.
+  PointerUse UseOf(uint64_t pointer, uint64_t run_base, uint64_t run_size) const;
+  // Records an open whose chunks (all already added) it starts using. When an
+  // open of the same run returned the same pointer (PointerUse::kSameRun),
+  // the new key joins that record as one more open of it.
   void AddOpen(OpenRecord record);
   // One close of `pointer`.
   CloseResult Close(uint64_t pointer);

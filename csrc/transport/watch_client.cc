@@ -45,7 +45,8 @@ bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
     ReceivedMessage message;
     // Verified at the fetch: this connection is the exporter's own, so its
     // fds (a resume's) are taken; a message that does not verify ends it.
-    const IoResult io = ReceiveMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(0));
+    // poll() said readable: this does not wait (WaitFor first, so not AfterMs(0)).
+    const IoResult io = ReceiveMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(timeout_ms));
     if (io.status == IoStatus::kTimeout) return true;
     if (!io.ok()) return false;  // the exporter exited or closed it
     wire::Event event;
