@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Importers follow an exporter's memory-saver pause and resume (VMMIPC_FOLLOW, issue 14;
-the contract is the "follow" behaviour: pause unmaps the importers' mappings so the memory is
-really freed, resume maps the new memory at the same importer addresses).
+"""Importers follow an exporter's memory-saver pause and resume (VMMIPC_FOLLOW=1, issue 14).
+
+With follow on, an exporter's pause unmaps the importers' mappings, so the memory is really
+freed; its resume maps the new memory at the same importer addresses.
 
 Two processes, both preloaded with libvmmipc.so: an EXPORTER on GPU 0 and an IMPORTER
 (cuda.bindings) on GPU 1 when there are two GPUs with peer access, else on GPU 0 too. Each scenario:
