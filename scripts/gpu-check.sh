@@ -3,16 +3,19 @@
 #   bash scripts/gpu-check.sh [OUTDIR]    (OUTDIR: default $OUT if set, else build-gpu/report)
 # Steps: environment, configure + build (build-gpu, Release), ctest -L gpu (the cudart client and
 # its baseline), the PyTorch/cuda.bindings/CuPy check with its baseline, spawn workers without a
-# rank variable (tests/python/spawn_slot_check.py), benchmarks if built, the
-# all-to-all registration benchmark (skipped, not failed, when less than 60 s of budget is left).
+# rank variable (tests/python/spawn_slot_check.py), importers following an exporter's memory-saver
+# pause and resume with VMMIPC_FOLLOW=1 (tests/python/memory_saver_check.py: raw cuda.bindings VMM
+# memory, and torch_memory_saver from its wheel in .whl/ unless installed), benchmarks if built,
+# the all-to-all registration benchmark (skipped, not failed, when less than 60 s of budget is left).
 # Every step runs whatever happened before it, under `timeout`, inside one time budget
 # (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
 # markdown table (also OUTDIR/summary.md). Exit: 0 when no step failed, 1 otherwise.
 # Knobs: GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip,
 # for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1),
-# GPU_CHECK_ALL_TO_ALL_BUDGET_S (180), GPU_CHECK_ALL_TO_ALL_REPS (3), GPU_CHECK_SKIP (comma list of
-# steps not to run: ctest, python, spawn, bench, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give
-# the all-to-all step the budget).
+# GPU_CHECK_ALL_TO_ALL_BUDGET_S (180), GPU_CHECK_ALL_TO_ALL_REPS (3), MEMORY_SAVER_WHEEL (the
+# torch_memory_saver wheel for the saver step; default .whl/torch_memory_saver-*.whl), GPU_CHECK_SKIP
+# (comma list of steps not to run: ctest, python, spawn, saver, bench, all_to_all; e.g.
+# GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all step the budget).
 set -u
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -247,6 +250,37 @@ step_spawn() {
     "${counts:-no SUMMARY line}${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
 }
 
+# Importers follow an exporter's memory-saver pause and resume (tests/python/memory_saver_check.py,
+# VMMIPC_FOLLOW=1): an exporter pauses VMM memory an importer has open (cuMemUnmap + cuMemRelease,
+# raw cuda.bindings in 2 MiB and 32 MiB chunks, then torch_memory_saver.pause()), the free memory
+# must go up; after resume the importer reads the new bytes at the same pointer, directly and
+# through a CUDA graph captured before the pause. Each also once without VMMIPC_FOLLOW (INFO lines).
+# torch_memory_saver comes from MEMORY_SAVER_WHEEL or .whl/ when it is not installed (a SKIP row
+# for that part when neither is there).
+step_saver() {
+  banner "memory saver: importers follow an exporter's pause and resume"
+  local log="$OUTDIR/saver-check.log" t0 rc counts fail result failed_names
+  t0=$(now)
+  : >"$log"
+  if [[ ! -f $LIB ]]; then
+    record "saver check" FAIL "not run: $LIB was not built" 0
+    return
+  fi
+  run_logged "$log" "$(step_limit 240)" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
+    VMMIPC_FOLLOW=1 python3 tests/python/memory_saver_check.py
+  rc=$?
+  counts=$(grep -m1 -oE '^SUMMARY memory_saver_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' \
+    "$log" | cut -d' ' -f3-)
+  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
+  result=$(status_result $rc)
+  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
+  if [[ $rc == 77 ]]; then result=SKIP; fi
+  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
+  failed_names=${failed_names% }
+  record "saver check" "$result" \
+    "${counts:-no SUMMARY line}${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+}
+
 # ---- BENCHMARKS ------------------------------------------------------------------------------
 # tests/bench/run_bench.sh runs vmmipc_bench with the preload (OUTDIR/bench.json), without it
 # (OUTDIR/bench-nopreload.json) and briefly with VMMIPC_LOG_LEVEL=debug for the library's phase
@@ -370,6 +404,7 @@ step_build
 skipped ctest || step_ctest
 skipped python || step_python
 skipped spawn || step_spawn
+skipped saver || step_saver
 skipped bench || step_bench
 skipped all_to_all || step_all_to_all
 print_summary
