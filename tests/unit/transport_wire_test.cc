@@ -159,8 +159,10 @@ TEST(TransportWire, RequestMalformed) {
   magic[0] = 'X';
   EXPECT_EQ(ParseRequest(magic, kSecret, &out), WireError::kBadMagic);
   auto flags = good;
-  flags[6] = 1;
+  flags[6] = 2;  // a flag no version declares
   EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadReserved);
+  flags[6] = kRequestFlagWatch;  // declared, but the MAC covers the flags
+  EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadMac);
   auto reserved = good;
   reserved[13] = 1;
   EXPECT_EQ(ParseRequest(reserved, kSecret, &out), WireError::kBadReserved);
@@ -330,6 +332,74 @@ TEST(TransportWire, KeysDifferByCapabilityAndPid) {
   const SipKey c = DeriveKey(2, 2);
   EXPECT_FALSE(a.k0 == b.k0 && a.k1 == b.k1);
   EXPECT_FALSE(a.k0 == c.k0 && a.k1 == c.k1);
+}
+
+TEST(TransportWire, WatchFlagRoundTrips) {
+  Request r = SampleRequest();
+  r.flags = kRequestFlagWatch;
+  Request out;
+  ASSERT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk);
+  EXPECT_EQ(out.flags, kRequestFlagWatch);
+}
+
+Event SampleEvent() {
+  Event e;
+  e.kind = EventKind::kResume;
+  e.sequence = 7;
+  e.base = 0x200000400000ULL;
+  e.size = 0x200000;
+  e.generation = 0x80000005ULL;
+  return e;
+}
+
+TEST(TransportWire, EventAndAckRoundTrip) {
+  const auto bytes = EncodeEvent(SampleEvent(), SampleNonce(), kKey);
+  Event event;
+  ASSERT_EQ(ParseEvent(bytes, SampleNonce(), kKey, &event), WireError::kOk);
+  EXPECT_EQ(event.kind, EventKind::kResume);
+  EXPECT_EQ(event.sequence, 7u);
+  EXPECT_EQ(event.base, 0x200000400000ULL);
+  EXPECT_EQ(event.size, 0x200000u);
+  EXPECT_EQ(event.generation, 0x80000005ULL);
+  const auto ack_bytes = EncodeAck({7, AckStatus::kNotHeld}, SampleNonce(), kKey);
+  Ack ack;
+  ASSERT_EQ(ParseAck(ack_bytes, SampleNonce(), kKey, &ack), WireError::kOk);
+  EXPECT_EQ(ack.sequence, 7u);
+  EXPECT_EQ(ack.status, AckStatus::kNotHeld);
+}
+
+// Events and acks are bound to their watch connection (its request's key
+// and nonce), cover every byte, and cannot stand in for each other.
+TEST(TransportWire, EventAndAckMalformed) {
+  const auto good = EncodeEvent(SampleEvent(), SampleNonce(), kKey);
+  Event event;
+  Nonce other = SampleNonce();
+  other[0] ^= 1;
+  EXPECT_EQ(ParseEvent(good, other, kKey, &event), WireError::kBadMac);
+  EXPECT_EQ(ParseEvent(good, SampleNonce(), DeriveKey(1, 4321), &event), WireError::kBadMac);
+  for (size_t i = 8; i < kEventSize; ++i) {
+    auto edited = good;
+    edited[i] ^= 0x10;
+    EXPECT_EQ(ParseEvent(edited, SampleNonce(), kKey, &event), WireError::kBadMac) << "byte " << i;
+  }
+  EXPECT_EQ(ParseEvent(std::span(good).first(20), SampleNonce(), kKey, &event),
+            WireError::kBadLength);
+  Event bad_kind = SampleEvent();
+  bad_kind.kind = static_cast<EventKind>(3);
+  EXPECT_EQ(ParseEvent(EncodeEvent(bad_kind, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+            WireError::kBadLayout);
+  Event empty = SampleEvent();
+  empty.size = 0;
+  EXPECT_EQ(ParseEvent(EncodeEvent(empty, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+            WireError::kBadLayout);
+  Ack ack;
+  EXPECT_EQ(ParseAck(good, SampleNonce(), kKey, &ack), WireError::kBadMagic);
+  const auto ack_bytes = EncodeAck({1, AckStatus::kDone}, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(ack_bytes, SampleNonce(), kKey, &event), WireError::kBadMagic);
+  EXPECT_EQ(ParseAck(ack_bytes, other, kKey, &ack), WireError::kBadMac);
+  Ack bad_status{1, static_cast<AckStatus>(9)};
+  EXPECT_EQ(ParseAck(EncodeAck(bad_status, SampleNonce(), kKey), SampleNonce(), kKey, &ack),
+            WireError::kBadLayout);
 }
 
 }  // namespace
