@@ -5,7 +5,7 @@
 #include "config/params.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
-#include "driver/real_driver.h"
+#include "core/real.h"
 
 namespace vmmipc::core {
 namespace {
