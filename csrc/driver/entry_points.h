@@ -32,6 +32,7 @@
   CALL(cuMemImportFromShareableHandle, MemImportFromShareableHandle, (CUmemGenericAllocationHandle* handle, void* shareable, CUmemAllocationHandleType type)) \
   CALL(cuMemRetainAllocationHandle, MemRetainAllocationHandle, (CUmemGenericAllocationHandle* handle, void* address)) \
   CALL(cuMemGetAllocationPropertiesFromHandle, MemGetAllocationPropertiesFromHandle, (CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle)) \
+  CALL(cuMemGetAllocationGranularity, MemGetAllocationGranularity, (size_t* granularity, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags option)) \
   HOOK(cuIpcGetMemHandle, IpcGetMemHandle, cuIpcGetMemHandle, 0, kNoLimit, (CUipcMemHandle* handle, CUdeviceptr pointer), (handle, pointer)) \
   HOOK(cuIpcOpenMemHandle, IpcOpenMemHandleV1, cuIpcOpenMemHandle, 0, 11000, (CUdeviceptr* pointer, CUipcMemHandle handle, unsigned int flags), (pointer, handle, flags)) \
   HOOK(cuIpcOpenMemHandle_v2, IpcOpenMemHandle, cuIpcOpenMemHandle, 11000, kNoLimit, (CUdeviceptr* pointer, CUipcMemHandle handle, unsigned int flags), (pointer, handle, flags)) \
