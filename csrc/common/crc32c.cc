@@ -6,7 +6,8 @@
 #include "common/crc32c.h"
 
 #include <array>
-#include <cstring>
+
+#include "common/little_endian.h"
 
 namespace vmmipc {
 namespace {
@@ -27,9 +28,8 @@ constexpr std::array<uint32_t, 256> kTable = MakeTable();
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const unsigned char* bytes, size_t size) {
   uint64_t crc = 0xFFFFFFFFu;
   for (; size >= 8; bytes += 8, size -= 8) {
-    uint64_t word = 0;
-    std::memcpy(&word, bytes, 8);  // little-endian, as the reflected CRC reads it
-    crc = __builtin_ia32_crc32di(crc, word);
+    // Little-endian, as the reflected CRC reads it (one move on x86-64).
+    crc = __builtin_ia32_crc32di(crc, LoadLE<uint64_t>(bytes));
   }
   auto narrow = static_cast<uint32_t>(crc);
   for (; size > 0; ++bytes, --size) narrow = __builtin_ia32_crc32qi(narrow, *bytes);

@@ -1,5 +1,5 @@
 // Helpers for system calls, shared by every layer and free of CUDA (the
-// transport includes this, never status.h): retry on EINTR, and errno as text
+// transport includes this, never driver/status.h): retry on EINTR, and errno as text
 // for the one log line where a failure starts.
 #pragma once
 

@@ -1,5 +1,6 @@
 // The configuration of vmmipc: every VMMIPC_* variable is declared once in
-// params.def (name, kind, default, doc), parsed once, and read through Get().
+// params.def (name, kind, default, doc), from which the fields of Params and
+// their defaults are generated; parsed once, and read through Get().
 // Invalid values are warned about and ignored (the default stays); so is an
 // address layout (import zone, fallback zone, export arena) that does not fit.
 // Also the one-line summary of the effective configuration (Describe).
@@ -24,28 +25,39 @@ struct ParamSpec {
   const char* doc;
 };
 
+// The C++ type of each kind of params.def.
+template <Kind>
+struct KindType;
+template <>
+struct KindType<Kind::kBool> {
+  using type = bool;
+};
+template <>
+struct KindType<Kind::kInt> {
+  using type = int64_t;
+};
+template <>
+struct KindType<Kind::kSize> {
+  using type = uint64_t;
+};
+template <>
+struct KindType<Kind::kString> {
+  using type = std::string;
+};
+template <>
+struct KindType<Kind::kLogLevel> {
+  using type = log::Level;
+};
+
 struct Params {
-  bool enable = true;
-  log::Level log_level = log::Level::kWarn;
-  std::string log_file;
-  int64_t rank = -1;
-  std::string rank_from;
-  std::string host_gpus;
-  uint64_t zone_base = 0;
-  uint64_t zone_fallback_base = 0;
-  int64_t zone_slots = 0;
-  uint64_t slot_size = 0;
-  int64_t timeout_ms = 0;
-  std::string socket_dir;
-  std::string cuda_library;
-  bool force_posix_fd = true;
-  bool arena = true;
-  uint64_t arena_base = 0;
-  uint64_t arena_size = 0;
-  bool stats = false;
-  int64_t export_fd_cache = 1024;
-  bool follow = false;
-  int64_t listener_threads = 4;
+  // Every field holds its default, parsed from the text params.def gives (the
+  // text the docs and the warnings show), so the two cannot disagree.
+  Params();
+
+  // One field per variable of params.def, of its kind's type.
+#define VMMIPC_PARAM(field, name, kind, def, doc) KindType<Kind::kind>::type field{};
+#include "config/params.def"
+#undef VMMIPC_PARAM
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
   std::string rank_source = "none";
   // What Parse found wrong, one warning line each, in order. Get() logs them

@@ -1,18 +1,47 @@
 // Export-arena reservation and carving through the real driver.
 #include "core/export_arena.h"
 
+#include <atomic>
+
 #include "common/log.h"
 #include "config/params.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
-#include "driver/real_driver.h"
+#include "core/real.h"
 
 namespace vmmipc::core {
 namespace {
 
-// The driver's VMM granularity on the GPUs vmmipc targets (measured 2 MiB,
-// minimum and recommended): carves are aligned to at least this.
-constexpr uint64_t kGranularity = 2ull << 20;
+// What the granularity is taken to be when the driver cannot say (no current
+// context, say): 2 MiB, minimum and recommended on the GPUs vmmipc targets
+// (measured), and what config requires of the arena's base and size.
+constexpr uint64_t kFallbackGranularity = 2ull << 20;
+
+// The driver's VMM granularity for the current device: carves must be sizes
+// and alignments the driver maps, whatever the GPU. Asked until the driver
+// answers, then kept (the GPUs of one host share it).
+uint64_t Granularity() {
+  static std::atomic<uint64_t> known{0};
+  if (const uint64_t granularity = known.load(std::memory_order_relaxed)) return granularity;
+  CUdevice device = 0;
+  size_t granularity = 0;
+  CUresult result = VMMIPC_REAL(CtxGetDevice, &device);
+  if (result == CUDA_SUCCESS) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    result = VMMIPC_REAL(MemGetAllocationGranularity, &granularity, &prop,
+                         CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  }
+  if (result != CUDA_SUCCESS || granularity == 0 || (granularity & (granularity - 1)) != 0) {
+    VMMIPC_LOG_DEBUG("arena: the driver gave no VMM granularity ({}, {}); using {}",
+                     driver::ErrorName(result), granularity, log::Bytes(kFallbackGranularity));
+    return kFallbackGranularity;
+  }
+  known.store(granularity, std::memory_order_relaxed);
+  return granularity;
+}
 
 // Reserves the arena on first use. Caller holds arena_mutex. The layout was
 // settled by config::Parse (the arena fits one slot, overlaps neither zone,
@@ -39,7 +68,7 @@ void EnsureArenaLocked(ProcessState& state) {
   VMMIPC_LOG_INFO("export arena at 0x{:x}: {}", got, log::Bytes(p.arena_size));
 }
 
-bool ArenaApplies(const ProcessState& state, CUdeviceptr address, unsigned long long flags) {
+bool ArenaApplies(CUdeviceptr address, unsigned long long flags) {
   return Active() && config::Get().arena_wanted() && address == 0 && flags == 0;
 }
 
@@ -49,14 +78,17 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, 
                            unsigned long long flags) {
   ProcessState& state = State();
   const bool power_of_two = (alignment & (alignment - 1)) == 0;
-  if (pointer == nullptr || size == 0 || size % kGranularity != 0 || !power_of_two ||
-      !ArenaApplies(state, address, flags))
+  if (pointer == nullptr || size == 0 || !power_of_two || !ArenaApplies(address, flags))
+    return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
+  // Asked only here, once the arena applies: other reservations cost no driver question.
+  const uint64_t granularity = Granularity();
+  if (size % granularity != 0)
     return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
   {
     std::lock_guard<std::mutex> lock(state.arena_mutex);
     EnsureArenaLocked(state);
     if (state.arena_state == ArenaState::kReserved) {
-      const uint64_t align = alignment > kGranularity ? alignment : kGranularity;
+      const uint64_t align = alignment > granularity ? alignment : granularity;
       if (std::optional<uint64_t> offset = state.arena->Take(size, align)) {
         *pointer = state.arena_base + *offset;
         VMMIPC_LOG_DEBUG("arena: reserved {} at 0x{:x}", log::Bytes(size), *pointer);

@@ -5,9 +5,9 @@
 #include <mutex>
 #include <vector>
 
-#include "common/status.h"
+#include "core/real.h"
 #include "core/stats.h"
-#include "driver/real_driver.h"
+#include "driver/status.h"
 
 namespace vmmipc::core {
 namespace {

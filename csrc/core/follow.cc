@@ -11,8 +11,8 @@
 #include "config/params.h"
 #include "core/exported_fds.h"
 #include "core/placement.h"
+#include "core/real.h"
 #include "core/stats.h"
-#include "driver/real_driver.h"
 
 namespace vmmipc::core {
 namespace {

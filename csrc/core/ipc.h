@@ -13,6 +13,14 @@ CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr address);
 // `v2` picks the real entry point a foreign handle is forwarded to.
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
                           bool v2);
+// The two ABIs of cuIpcOpenMemHandle, as entry's hooks call them.
+inline CUresult IpcOpenMemHandleV1(CUdeviceptr* pointer, CUipcMemHandle handle,
+                                   unsigned int flags) {
+  return IpcOpenMemHandle(pointer, handle, flags, false);
+}
+inline CUresult IpcOpenMemHandle(CUdeviceptr* pointer, CUipcMemHandle handle, unsigned int flags) {
+  return IpcOpenMemHandle(pointer, handle, flags, true);
+}
 CUresult IpcCloseMemHandle(CUdeviceptr pointer);
 
 CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
@@ -27,5 +35,7 @@ CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevice
 CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
                               CUdeviceptr pointer);
 CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer);
+// The 32-bit v1 ABI cannot address VMM memory: straight to the driver.
+CUresult MemGetAddressRangeV1(unsigned int* base, unsigned int* size, unsigned int pointer);
 
 }  // namespace vmmipc::core

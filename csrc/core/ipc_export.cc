@@ -11,16 +11,16 @@
 #include <optional>
 
 #include "common/log.h"
-#include "common/status.h"
 #include "config/params.h"
 #include "core/export_arena.h"
 #include "core/exported_fds.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/rank_slot.h"
+#include "core/real.h"
 #include "core/stats.h"
 #include "core/vmm_memory.h"
-#include "driver/real_driver.h"
+#include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/wire.h"
 

@@ -8,14 +8,14 @@
 #include <optional>
 
 #include "common/log.h"
-#include "common/status.h"
 #include "config/params.h"
 #include "core/follow.h"
 #include "core/ipc.h"
 #include "core/placement.h"
 #include "core/process_state.h"
+#include "core/real.h"
 #include "core/stats.h"
-#include "driver/real_driver.h"
+#include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/peer_client.h"
 

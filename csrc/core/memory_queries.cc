@@ -12,8 +12,8 @@
 #include "core/follow.h"
 #include "core/ipc.h"
 #include "core/process_state.h"
+#include "core/real.h"
 #include "core/vmm_memory.h"
-#include "driver/real_driver.h"
 
 namespace vmmipc::core {
 namespace {
@@ -68,7 +68,7 @@ bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
 
 bool Active() {
   static const bool enabled = config::Get().enable;
-  return enabled && driver::Loaded();
+  return enabled && DriverLoaded();
 }
 
 CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
@@ -174,6 +174,10 @@ CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer
     return CUDA_SUCCESS;
   }
   return VMMIPC_REAL(MemGetAddressRange, base, size, pointer);
+}
+
+CUresult MemGetAddressRangeV1(unsigned int* base, unsigned int* size, unsigned int pointer) {
+  return VMMIPC_REAL(MemGetAddressRangeV1, base, size, pointer);
 }
 
 }  // namespace vmmipc::core

@@ -5,7 +5,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
-#include "driver/real_driver.h"
+#include "core/real.h"
 
 namespace vmmipc::core {
 namespace {

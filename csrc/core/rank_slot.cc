@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/real.h"
 #include "driver/host_gpus.h"
 #include "state/handle_codec.h"
 
@@ -19,7 +20,7 @@ constexpr int32_t kNoSlot = -1;
 // The first slot found names the process in every log line from then on,
 // this one included. Caller holds state.gpu_slot_mutex.
 int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& params) {
-  const driver::HostGpu gpu = driver::FindHostGpu(device, params.host_gpus);
+  const driver::HostGpu gpu = driver::FindHostGpu(Real(), device, params.host_gpus);
   // An explicit VMMIPC_RANK_FROM=gpu that cannot be honoured is a warning;
   // under auto it is the ordinary state of a process without a rank.
   const log::Level level = params.rank_from == "gpu" ? log::Level::kWarn : log::Level::kInfo;

@@ -2,10 +2,10 @@
 #include "core/vmm_memory.h"
 
 #include "common/log.h"
-#include "common/status.h"
 #include "core/export_arena.h"
 #include "core/process_state.h"
-#include "driver/real_driver.h"
+#include "core/real.h"
+#include "driver/status.h"
 
 namespace vmmipc::core {
 

@@ -82,10 +82,12 @@ std::vector<PciAddress> ListHostGpus(const std::string& folder, bool need_displa
   return gpus;
 }
 
-HostGpu FindHostGpu(CUdevice device, const std::string& folder) {
+HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& folder) {
   HostGpu found;
   char bus_id[64] = {};
-  const CUresult asked = VMMIPC_REAL(DeviceGetPCIBusId, bus_id, sizeof(bus_id), device);
+  const CUresult asked = real.DeviceGetPCIBusId != nullptr
+                             ? real.DeviceGetPCIBusId(bus_id, sizeof(bus_id), device)
+                             : MissingEntryPoint("DeviceGetPCIBusId");
   std::optional<PciAddress> mine;
   if (asked == CUDA_SUCCESS) mine = ParsePciAddress(bus_id);
   if (!mine) {

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "driver/real_driver.h"
+
 namespace vmmipc::driver {
 
 struct PciAddress {
@@ -48,8 +50,9 @@ struct HostGpu {
   std::string why_not;  // when index is -1: why
 };
 
-// Where `device` (an ordinal of this process) stands among the host's GPUs.
-// `folder` empty: /proc/driver/nvidia/gpus, else /sys/bus/pci/drivers/nvidia.
-HostGpu FindHostGpu(CUdevice device, const std::string& folder);
+// Where `device` (an ordinal of this process) stands among the host's GPUs,
+// asking `real` for its PCI address. `folder` (VMMIPC_HOST_GPUS) empty:
+// /proc/driver/nvidia/gpus, else /sys/bus/pci/drivers/nvidia.
+HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& folder);
 
 }  // namespace vmmipc::driver

@@ -8,7 +8,6 @@
 // unchanged; tests/e2e checks dlsym(RTLD_NEXT, ...) from a preloaded program.
 #include <dlfcn.h>
 
-#include "driver/real_symbols.h"
 #include "entry/hook_table.h"
 
 namespace {
@@ -27,19 +26,19 @@ extern "C" {
 __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"))) void* vmmipc_dlsym(
     void* handle, const char* name) {
   if (void* hook = Intercept(handle, name)) return hook;
-  return vmmipc::driver::RealDlsym()(handle, name);
+  return vmmipc::core::RealDlsym()(handle, name);
 }
 
 __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"))) void*
 vmmipc_dlvsym(void* handle, const char* name, const char* version) {
   if (void* hook = Intercept(handle, name)) return hook;
-  return vmmipc::driver::RealDlvsym()(handle, name, version);
+  return vmmipc::core::RealDlvsym()(handle, name, version);
 }
 
 // One body, two glibc versions of dlsym: programs built before glibc 2.34
 // reference the base version, newer ones GLIBC_2.34.
 __attribute__((visibility("default"), alias("vmmipc_dlsym"))) void* vmmipc_dlsym_base(void*,
-                                                                                   const char*);
+                                                                                      const char*);
 }
 
 #if defined(__aarch64__)

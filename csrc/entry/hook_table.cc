@@ -1,53 +1,60 @@
-// Lookups over the hooked_symbols.def table: by name (dlsym), and by the real
-// driver's pointer (cuGetProcAddress). The real pointers are resolved once,
-// through libc's dlsym on the driver's handle.
+// Lookups over the hooks of driver/entry_points.h: by name (dlsym), and by the
+// real driver's pointer (cuGetProcAddress). The real pointers are the real
+// driver table's own entries (resolved once, with the table), in the same
+// order as the hooks.
 #include "entry/hook_table.h"
 
-#include <dlfcn.h>
-
-#include <atomic>
+#include <array>
 #include <cstring>
-#include <mutex>
-#include <vector>
+#include <string_view>
 
 #include "common/log.h"
-#include "config/params.h"
-#include "driver/real_driver.h"
-#include "driver/real_symbols.h"
 
 namespace vmmipc::entry {
-
-struct HookEntry {
-  const char* name;
-  void* hook;
-};
-extern const HookEntry kHooks[];
-extern const size_t kHookCount;
-
 namespace {
 
-// The real driver pointer of kHooks[i], one per hook whatever their number
-// (constant-initialized: nothing runs at load time).
-std::vector<void*> g_real;
-std::once_flag g_real_once;
+// The versions cuGetProcAddress gives for one name must not overlap: each
+// (name, version) has one hook. Checked when the library is compiled.
+struct Window {
+  std::string_view proc;
+  int since;
+  int until;
+};
+#define VMMIPC_NO_WINDOW(...)
+#define VMMIPC_WINDOW(symbol, member, proc, since, until, ...) Window{#proc, since, until},
+constexpr Window kWindows[] = {VMMIPC_DRIVER_ENTRY_POINTS(VMMIPC_NO_WINDOW, VMMIPC_WINDOW)};
+#undef VMMIPC_WINDOW
+#undef VMMIPC_NO_WINDOW
+static_assert(std::size(kWindows) == kHookCount);
 
-void ResolveReal() {
-  g_real.assign(kHookCount, nullptr);
-  const driver::RealDriver& real = driver::Real();
-  if (real.library == nullptr) return;
-  driver::DlsymFn real_dlsym = driver::RealDlsym();
-  for (size_t i = 0; i < kHookCount; ++i) g_real[i] = real_dlsym(real.library, kHooks[i].name);
+constexpr bool WindowsAreDisjoint() {
+  for (const Window& a : kWindows) {
+    if (a.since >= a.until) return false;
+    for (const Window& b : kWindows)
+      if (&a != &b && a.proc == b.proc && a.since < b.until && b.since < a.until) return false;
+  }
+  return true;
+}
+static_assert(WindowsAreDisjoint(), "two hooks answer cuGetProcAddress for one name and version");
+
+// The real driver's pointer of each hook, in kHooks order: the table holds them.
+std::array<void*, kHookCount> RealPointers() {
+  const driver::RealDriver& real = core::Real();
+  return {
+#define VMMIPC_NO_POINTER(...)
+#define VMMIPC_POINTER(symbol, member, ...) reinterpret_cast<void*>(real.member),
+      VMMIPC_DRIVER_ENTRY_POINTS(VMMIPC_NO_POINTER, VMMIPC_POINTER)
+#undef VMMIPC_POINTER
+#undef VMMIPC_NO_POINTER
+  };
 }
 
 // When the driver's pointer matches no exported symbol (a driver that hands
-// out internal entry points), pick the hook by base name and ABI version.
+// out internal entry points), pick the hook by name and ABI version.
 void* HookByVersion(const char* symbol, int version) {
-  if (!std::strcmp(symbol, "cuIpcOpenMemHandle"))
-    return HookByName(version >= 11000 ? "cuIpcOpenMemHandle_v2" : "cuIpcOpenMemHandle");
-  if (!std::strcmp(symbol, "cuGetProcAddress"))
-    return HookByName(version >= 12000 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
-  if (!std::strcmp(symbol, "cuMemGetAddressRange"))
-    return HookByName(version >= 3020 ? "cuMemGetAddressRange_v2" : "cuMemGetAddressRange");
+  for (const HookEntry& entry : kHooks)
+    if (!std::strcmp(entry.proc, symbol) && entry.since <= version && version < entry.until)
+      return entry.hook;
   return HookByName(symbol);
 }
 
@@ -55,33 +62,21 @@ void* HookByVersion(const char* symbol, int version) {
 
 void* HookByName(const char* name) {
   if (name == nullptr || name[0] != 'c' || name[1] != 'u') return nullptr;
-  for (size_t i = 0; i < kHookCount; ++i)
-    if (!std::strcmp(kHooks[i].name, name)) return kHooks[i].hook;
+  for (const HookEntry& entry : kHooks)
+    if (!std::strcmp(entry.name, name)) return entry.hook;
   return nullptr;
 }
 
 void* SubstituteHook(const char* symbol, int version, void* real) {
-  std::call_once(g_real_once, ResolveReal);
-  for (size_t i = 0; i < g_real.size(); ++i)
-    if (g_real[i] == real) return kHooks[i].hook;
+  static const std::array<void*, kHookCount> real_pointers = RealPointers();
+  for (size_t i = 0; i < kHookCount; ++i)
+    if (real_pointers[i] == real) return kHooks[i].hook;
   if (void* hook = HookByVersion(symbol, version)) {
     VMMIPC_LOG_DEBUG("cuGetProcAddress({}, {}) returned an unexported entry point; hooked by name",
                      symbol, version);
     return hook;
   }
   return real;
-}
-
-bool IsDriverHandle(void* handle) {
-  static std::atomic<void*> known{nullptr};
-  void* cached = known.load(std::memory_order_acquire);
-  if (cached != nullptr) return handle == cached;
-  // Without loading anything: if the driver is not loaded yet, no handle can be its.
-  void* loaded = dlopen(config::Get().cuda_library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (loaded == nullptr) return false;
-  dlclose(loaded);  // drop the reference RTLD_NOLOAD took; the library stays loaded
-  known.store(loaded, std::memory_order_release);
-  return handle == loaded;
 }
 
 }  // namespace vmmipc::entry

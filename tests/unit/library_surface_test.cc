@@ -24,12 +24,12 @@ std::string Output(const std::string& command) {
 }
 
 std::set<std::string> HookedNames() {
-  std::ifstream def(std::string(VMMIPC_SOURCE_DIR) + "/csrc/entry/hooked_symbols.def");
+  std::ifstream def(std::string(VMMIPC_SOURCE_DIR) + "/csrc/driver/entry_points.h");
   std::stringstream text;
   text << def.rdbuf();
   std::set<std::string> names;
   std::string s = text.str();
-  std::regex hook("VMMIPC_HOOK\\((\\w+)\\)");
+  std::regex hook("\\n\\s*HOOK\\((\\w+),");
   for (auto it = std::sregex_iterator(s.begin(), s.end(), hook); it != std::sregex_iterator(); ++it)
     names.insert((*it)[1]);
   return names;
@@ -62,8 +62,8 @@ TEST(LibrarySurface, NeedsOnlyTheCAndCxxRuntime) {
 #endif
   std::string dynamic = Output(std::string("readelf -d ") + VMMIPC_LIBRARY_PATH);
   std::regex needed("NEEDED\\)\\s+Shared library: \\[([^\\]]+)\\]");
-  const std::set<std::string> allowed = {"libc.so.6",   "libstdc++.so.6", "libgcc_s.so.1",
-                                         "libm.so.6",   "libdl.so.2",     "libpthread.so.0"};
+  const std::set<std::string> allowed = {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1",
+                                         "libm.so.6", "libdl.so.2",     "libpthread.so.0"};
   int count = 0;
   for (auto it = std::sregex_iterator(dynamic.begin(), dynamic.end(), needed);
        it != std::sregex_iterator(); ++it, ++count)

@@ -40,6 +40,17 @@ TEST(Params, DefaultsServeAnEightGpuNode) {
   EXPECT_TRUE(p.force_posix_fd);
 }
 
+// Params' fields get their defaults by parsing params.def's text, which must
+// therefore parse, pass the checks and give the default-constructed value.
+TEST(Params, EveryDefaultTextParsesToTheDefault) {
+  EXPECT_EQ(Describe(Params()).rfind("config: all defaults;", 0), 0u);
+  for (const ParamSpec& spec : AllParams()) {
+    const Params p = ParseWith({{spec.name, spec.default_text}});
+    EXPECT_TRUE(p.warnings.empty()) << spec.name << ": " << p.warnings.front();
+    EXPECT_EQ(Describe(p).rfind("config: all defaults;", 0), 0u) << spec.name;
+  }
+}
+
 TEST(Params, ValuesAreParsed) {
   Params p = ParseWith({{"VMMIPC_ENABLE", "off"},
                         {"VMMIPC_LOG_LEVEL", "DEBUG"},
