@@ -438,10 +438,6 @@ NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, int timeo
   return impl_->watchers.Notify(notices, timeout_ms, impl_->stop_fd.get());
 }
 
-bool Listener::Watched(uint32_t pid) const {
-  return impl_ && impl_->context.watchers != nullptr && impl_->watchers.Watching(pid);
-}
-
 void Listener::AbandonAfterFork() noexcept {
   if (impl_) impl_->Abandon();
 }

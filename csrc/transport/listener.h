@@ -86,8 +86,6 @@ class Listener {
   // Sends events to the importers that watch this process and waits for
   // their acks, at most timeout_ms (watchers.h). Empty result without watchers.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms);
-  // True when importer `pid` keeps a watch connection here.
-  bool Watched(uint32_t pid) const;
 
   struct Impl;
 

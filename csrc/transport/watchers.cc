@@ -69,13 +69,6 @@ void Watchers::Drop(const std::shared_ptr<Watcher>& watcher) {
   list_.erase(std::remove(list_.begin(), list_.end(), watcher), list_.end());
 }
 
-bool Watchers::Watching(uint32_t pid) const {
-  std::lock_guard<std::mutex> lock(list_mutex_);
-  for (const auto& watcher : list_)
-    if (watcher->pid == pid) return true;
-  return false;
-}
-
 size_t Watchers::count() const {
   std::lock_guard<std::mutex> lock(list_mutex_);
   return list_.size();

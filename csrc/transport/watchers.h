@@ -55,8 +55,6 @@ class Watchers {
   // that hung up, or answered out of protocol, are dropped.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms, int stop_fd);
 
-  // True when a watch connection of `pid` is kept (tests, and to skip work).
-  bool Watching(uint32_t pid) const;
   size_t count() const;
 
   // A forked child: the connections belong to the parent's importers.
