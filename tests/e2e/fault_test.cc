@@ -1058,7 +1058,13 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   const std::string warm = Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 18));
   OpenCheckClose(*importer, warm, kChunk, 18);  // the zone exists from here on
   const int exporter_fds_without_a = Held(*exporter).fds;
-  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 3, 19));
+  const uint64_t a = VmmBuffer(*exporter, "a", 3, 19);
+  const int fds_before_get = FdsOf(exporter->pid());
+  const std::string handle = Handle(*exporter, a);
+  // The get exports chunk 0 ahead on a listener worker: let it finish, so
+  // that the injected failure hits the request's own driver calls.
+  const auto start = Clock::now();
+  while (FdsOf(exporter->pid()) == fds_before_get && MsSince(start) < 3000) usleep(1000);
   const Resources importer_before = Held(*importer);
   const Resources exporter_before = Held(*exporter);
 
