@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # framework-check.sh: real framework clients of vmmipc on one machine with two or more GPUs:
 # vLLM's custom all-reduce kernels and DeepEP's intranode test. From the repository root:
-#   bash scripts/framework-check.sh [--lib PATH] [--vllm-src DIR [--vllm-ext SO]] [--deepep-src DIR]
+#   bash scripts/framework-check.sh [--lib PATH] [--vllm-src DIR [--vllm-ext SO]] [--deepep-src DIR
+#                                   [--deepep-build]] [--saver-wheel WHL] [--sglang-src DIR]
 #                                   [--out DIR]
-# (or the variables VMMIPC_LIB, VLLM_SRC, VLLM_EXT, DEEPEP_SRC, OUT). A framework whose source
+# (or the variables VMMIPC_LIB, VLLM_SRC, VLLM_EXT, DEEPEP_SRC, DEEPEP_BUILD=1, MEMORY_SAVER_WHEEL,
+# SGLANG_SRC, OUT). A framework whose source
 # tree is not given is skipped, and says so. --vllm-ext: an extension that an earlier run built
 # from the same tree (its "vllm build" row names it), to skip the compile.
 #
@@ -21,10 +23,19 @@
 # (8 KiB to 8 MiB, medians) of vmmipc against legacy, target within 3% (a miss is reported,
 # not failed).
 # DeepEP (DEEPEP_SRC: a DeepEP 1.x source tree, for tests/test_intranode.py; deep_ep itself must
-# be importable: build and install it per its README) with torch_memory_saver installed: DeepEP's
+# be importable: built and installed per its README, or --deepep-build: built in place here,
+# intranode only, without NVSHMEM (tests/frameworks/deepep_build.py), in the background while the
+# library and the vLLM extension compile, waited for before anything is timed; v1.2.1 builds,
+# later 1.x commits do not link without NVSHMEM) with torch_memory_saver (installed, or
+# --saver-wheel WHL, default .whl/torch_memory_saver-*.whl, installed under the build dir): DeepEP's
 # intranode test on 2 GPUs with deep_ep.Buffer built inside torch_memory_saver.region() (preload
 # mode): must fail without vmmipc (cudaIpcGetMemHandle on the saver's VMM memory) and pass with
 # it (vmmipc-run --deepep, so the vmmipc.deepep hook sees the real DeepEP too).
+# SGLang (SGLANG_SRC: a folder holding sglang/srt/utils/cuda_vmm_utils.py, e.g. the unpacked
+# 0.5.23 wheel): SGLang's own VMM path (FABRIC vote, POSIX fds over its sockets, import + map) and
+# legacy IPC on the same expandable-segment tensors, in one process (tests/frameworks/
+# sglang_vmm_path.py), without vmmipc (SGLang's path works, legacy IPC is refused) and with it
+# (both work: they coexist), with the two paths' registration times.
 #
 # Every step runs under `timeout` inside one budget (FRAMEWORK_CHECK_BUDGET_S, default 900).
 # Logs, JSON and summary.md go to the output folder (default $OUT, else
@@ -39,6 +50,9 @@ LIB=${VMMIPC_LIB:-}
 VLLM_SRC=${VLLM_SRC:-}
 VLLM_EXT=${VLLM_EXT:-}
 DEEPEP_SRC=${DEEPEP_SRC:-}
+SGLANG_SRC=${SGLANG_SRC:-}
+DEEPEP_BUILD=${DEEPEP_BUILD:-0}
+SAVER_WHEEL=${MEMORY_SAVER_WHEEL:-}
 OUTDIR=${OUT:-}
 while (($#)); do
   case $1 in
@@ -46,8 +60,11 @@ while (($#)); do
     --vllm-src) VLLM_SRC=$2; shift 2 ;;
     --vllm-ext) VLLM_EXT=$2; shift 2 ;;
     --deepep-src) DEEPEP_SRC=$2; shift 2 ;;
+    --deepep-build) DEEPEP_BUILD=1; shift ;;
+    --saver-wheel) SAVER_WHEEL=$2; shift 2 ;;
+    --sglang-src) SGLANG_SRC=$2; shift 2 ;;
     --out) OUTDIR=$2; shift 2 ;;
-    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,45p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "framework-check.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -149,6 +166,58 @@ step_library() {
   fi
 }
 
+# torch_memory_saver from a wheel when it is not installed: into the build dir, on PYTHONPATH.
+step_saver_wheel() {
+  "$PYTHON" -c 'import torch_memory_saver' >/dev/null 2>&1 && return
+  local wheel=$SAVER_WHEEL target="$REPO_ROOT/$BUILD_DIR/frameworks/site" log="$OUTDIR/saver-wheel.log"
+  if [[ -z $wheel ]]; then
+    wheel=$(find "$REPO_ROOT/.whl" -maxdepth 1 -name 'torch_memory_saver-*.whl' 2>/dev/null | head -n 1)
+  fi
+  [[ -n $wheel ]] || return  # step_deepep says what is missing
+  : >"$log"
+  run_logged "$log" "$(step_limit 120)" "$PYTHON" -m pip install --no-deps --no-index \
+    --disable-pip-version-check --quiet --upgrade --target "$target" "$wheel"
+  local rc=$?
+  if ((rc == 0)); then
+    export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
+    record "saver wheel" PASS "$(basename "$wheel") into $target" 0
+  else
+    record "saver wheel" FAIL "pip install --target of $wheel: exit $rc (saver-wheel.log)" 0
+  fi
+}
+
+# --deepep-build: DeepEP's in-place build runs in the background from here (CPU only), while the
+# library and the vLLM extension compile; deepep_build_wait collects it before anything is timed.
+DEEPEP_BUILD_PID=""
+DEEPEP_BUILD_T0=0
+step_deepep_build_start() {
+  ((DEEPEP_BUILD)) && [[ -n $DEEPEP_SRC ]] && ((GPUS >= 2)) || return
+  local log="$OUTDIR/deepep-build.log"
+  : >"$log"
+  DEEPEP_BUILD_T0=$(now)
+  echo "+ (background) deepep_build.py --deepep-src $DEEPEP_SRC" | tee -a "$log"
+  run_logged "$log" "$(step_limit 480)" "$PYTHON" "$HARNESS/deepep_build.py" \
+    --deepep-src "$DEEPEP_SRC" >/dev/null &
+  DEEPEP_BUILD_PID=$!
+}
+
+deepep_build_wait() {
+  [[ -n $DEEPEP_BUILD_PID ]] || return
+  local rc built
+  wait "$DEEPEP_BUILD_PID"
+  rc=$?
+  DEEPEP_BUILD_PID=""
+  built=$(grep -m1 '^BUILT ' "$OUTDIR/deepep-build.log" | cut -d' ' -f2-)
+  if ((rc == 0)) && [[ -n $built ]]; then
+    export PYTHONPATH="$built${PYTHONPATH:+:$PYTHONPATH}"
+    record "deepep build" PASS "intranode only, no NVSHMEM, in place: $built" $(($(now) - DEEPEP_BUILD_T0))
+  else
+    record "deepep build" "$(status_result $rc)" \
+      "$(grep -m1 '^ERROR' "$OUTDIR/deepep-build.log" | cut -c1-160) (exit $rc; deepep-build.log)" \
+      $(($(now) - DEEPEP_BUILD_T0))
+  fi
+}
+
 # no_vmmipc_preload: LD_PRELOAD without any libvmmipc.so (for the runs without vmmipc).
 no_vmmipc_preload() {
   local entry kept=()
@@ -197,6 +266,8 @@ step_vllm() {
     fi
     record "vllm build" PASS "$ext from $VLLM_SRC/csrc/custom_all_reduce.cu" $(($(now) - t0))
   fi
+
+  deepep_build_wait  # nothing below competes with a compile
 
   # Without vmmipc, expandable segments: vLLM's CUDACHECK must stop the ranks as in vllm#42609.
   t0=$(now)
@@ -273,10 +344,53 @@ step_vllm() {
   fi
 }
 
+# --- SGLang ------------------------------------------------------------------------------------
+
+step_sglang() {
+  banner "SGLang's VMM path beside vmmipc"
+  if [[ -z $SGLANG_SRC ]]; then
+    record sglang SKIP "no SGLang tree (--sglang-src or SGLANG_SRC)" 0
+    return
+  fi
+  if ((GPUS < 1)) || [[ -z $LIB ]]; then
+    record sglang SKIP "needs a GPU and libvmmipc.so (${LIB:-none})" 0
+    return
+  fi
+  deepep_build_wait
+  ANY_RAN=1
+  local t0 rc log preload measure summary
+  preload=$(no_vmmipc_preload)
+  local args=("${TORCHRUN[@]}" "$HARNESS/sglang_vmm_path.py" --sglang-src "$SGLANG_SRC")
+
+  t0=$(now)
+  log="$OUTDIR/sglang-no-vmmipc.log"
+  : >"$log"
+  run_logged "$log" "$(step_limit 180)" env LD_PRELOAD="$preload" \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${args[@]}"
+  rc=$?
+  summary=$(grep -oE '^SUMMARY rank0 sglang_vmm_path: .*' "$log" | cut -d' ' -f4-)
+  record "sglang without vmmipc" "$(status_result $rc)" \
+    "SGLang's path reads the peer's tensors, legacy IPC refused: ${summary:-no SUMMARY line} (rank 0); exit $rc" \
+    $(($(now) - t0))
+
+  t0=$(now)
+  log="$OUTDIR/sglang-vmmipc.log"
+  : >"$log"
+  run_logged "$log" "$(step_limit 180)" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    "$REPO_ROOT/scripts/vmmipc-run" --lib "$LIB" --log-level info -- "${args[@]}"
+  rc=$?
+  summary=$(grep -oE '^SUMMARY rank0 sglang_vmm_path: .*' "$log" | cut -d' ' -f4-)
+  measure=$(grep -m1 -oE '^MEASURE rank0 .*' "$log" | cut -d' ' -f3-)
+  record "sglang with vmmipc" "$(status_result $rc)" \
+    "both paths read the peer's tensors: ${summary:-no SUMMARY line} (rank 0); ${measure:-no MEASURE line}; exit $rc" \
+    $(($(now) - t0))
+}
+
 # --- DeepEP ----------------------------------------------------------------------------------
 
 step_deepep() {
   banner "DeepEP intranode, Buffer in a torch_memory_saver region"
+  deepep_build_wait
   if [[ -z $DEEPEP_SRC ]]; then
     record deepep SKIP "no DeepEP source tree (--deepep-src or DEEPEP_SRC)" 0
     return
@@ -376,8 +490,11 @@ on_signal() {
 trap on_signal INT TERM
 
 step_env
+step_saver_wheel
+step_deepep_build_start
 step_library
 step_vllm
+step_sglang
 step_deepep
 print_summary
 exit $?
