@@ -323,6 +323,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
                       mapped_now[mapped_count].size);
     if (result != CUDA_SUCCESS) break;
   }
+  const uint64_t import_and_map_us = MicrosSince(map_start);
   // One cuMemSetAccess per contiguous stretch of new chunks.
   for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
     size_t j = i + 1;
@@ -361,9 +362,9 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   *pointer = record.pointer;
   VMMIPC_LOG_DEBUG(
       "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
-      "place {} us, map {} us",
+      "place {} us, map {} us (import_map {} us, set_access {} us)",
       h.address, h.pid, record.pointer, record.chunks.size(), mapped_now.size(), fetch_us, place_us,
-      MicrosSince(map_start));
+      MicrosSince(map_start), import_and_map_us, MicrosSince(map_start) - import_and_map_us);
   return CUDA_SUCCESS;
 }
 
