@@ -6,7 +6,8 @@ The script runs for real; what it calls is faked: nvidia-smi (two GPUs, or none)
 the Python that runs the harnesses (tests/frameworks/*.py), which prints what the real
 harness prints in each case (vLLM's "Failed: Cuda error ...custom_all_reduce.cuh:455
 'invalid argument'" without vmmipc, SUMMARY lines, JSON with pointers and latencies;
-DeepEP's failure without vmmipc). The `compare` step runs the real harness code.
+DeepEP's failure without vmmipc, its in-place build; the SGLang path's SUMMARY and
+MEASURE lines). The `compare` step runs the real harness code.
 
   test_framework_check.py --lib build/csrc/libvmmipc.so [unittest args]
 
@@ -84,6 +85,20 @@ elif script == "deepep_intranode.py":
     print("[vmmipc pid 8 rank 0] info: deep_ep.Buffer: use_fabric is False already; "
           "vmmipc.deepep passes every argument through unchanged")
     print("RESULT deepep_intranode: every rank's test_loop returned")
+elif script == "deepep_build.py":
+    if os.environ.get("FAKE_DEEPEP_BUILD_FAIL") == "1":
+        print("ERROR built, but deep_ep does not import from /fake/DeepEP")
+        sys.exit(1)
+    print("BUILT " + rest[rest.index("--deepep-src") + 1])
+elif script == "sglang_vmm_path.py":
+    if os.environ.get("FAKE_SGLANG_FAIL") == "1":
+        print("CHECK rank0 sglang.path_reads_peer_tensors FAIL 3/16 peer tensors right")
+        print("SUMMARY rank0 sglang_vmm_path: 1 PASS, 1 FAIL")
+        sys.exit(1)
+    if preloaded:
+        print("MEASURE rank0 sglang_path_ms 8.94 vmmipc_legacy_ipc_ms 4.22 "
+              "ratio_vmmipc_over_sglang 0.47 (medians of 3 rounds, 16 x 8 MiB tensors a rank)")
+    print("SUMMARY rank0 sglang_vmm_path: 3 PASS, 0 FAIL")
 else:
     sys.exit("fake python: unexpected " + " ".join(sys.argv[1:]))
 '''
@@ -124,7 +139,8 @@ class FrameworkCheckTest(unittest.TestCase):
     def check(self, extra_env=None, args=None):
         env = {k: v for k, v in os.environ.items()
                if k not in ("LD_PRELOAD", "OUT", "VLLM_SRC", "DEEPEP_SRC", "VMMIPC_LIB",
-                            "PYTORCH_CUDA_ALLOC_CONF")}
+                            "PYTORCH_CUDA_ALLOC_CONF", "SGLANG_SRC", "DEEPEP_BUILD",
+                            "MEMORY_SAVER_WHEEL")}
         env.update(PATH=os.path.join(self.tmp.name, "bin") + os.pathsep + env.get("PATH", ""),
                    PYTHON=self.python, PYTHONPATH=self.site,
                    FRAMEWORK_CHECK_BUILD_DIR=os.path.join(self.tmp.name, "build"))
@@ -178,6 +194,35 @@ class FrameworkCheckTest(unittest.TestCase):
         self.assertEqual(result.returncode, 1)
         self.assertEqual(rows["vllm pointers"][0], "FAIL")
         self.assertIn("DIFFERENT", rows["vllm pointers"][1])
+
+    def test_sglang_path_beside_vmmipc(self):
+        result, summary, rows = self.check(args=["--sglang-src", self.sources])
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:])
+        self.assertEqual(rows["sglang without vmmipc"][0], "PASS")
+        self.assertIn("3 PASS, 0 FAIL", rows["sglang without vmmipc"][1])
+        self.assertEqual(rows["sglang with vmmipc"][0], "PASS")
+        self.assertIn("vmmipc_legacy_ipc_ms 4.22", rows["sglang with vmmipc"][1])
+        self.assertEqual(rows["vllm"][0], "SKIP")
+
+    def test_a_failing_sglang_run_fails_the_check(self):
+        result, _, rows = self.check({"FAKE_SGLANG_FAIL": "1"}, args=["--sglang-src", self.sources])
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(rows["sglang without vmmipc"][0], "FAIL")
+        self.assertIn("1 PASS, 1 FAIL", rows["sglang with vmmipc"][1])
+
+    def test_deepep_built_in_place_goes_on_the_path(self):
+        result, _, rows = self.check(args=["--deepep-src", self.sources, "--deepep-build"])
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:])
+        self.assertEqual(rows["deepep build"][0], "PASS")
+        self.assertIn(self.sources, rows["deepep build"][1])
+        self.assertEqual(rows["deepep with vmmipc"][0], "PASS")
+
+    def test_a_failed_deepep_build_fails_the_check(self):
+        result, _, rows = self.check({"FAKE_DEEPEP_BUILD_FAIL": "1"},
+                                     args=["--deepep-src", self.sources, "--deepep-build"])
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(rows["deepep build"][0], "FAIL")
+        self.assertIn("does not import", rows["deepep build"][1])
 
     def test_without_gpus_nothing_runs(self):
         result, summary, rows = self.check({"FAKE_GPUS": "0"})
