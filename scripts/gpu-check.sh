@@ -185,9 +185,32 @@ step_ctest() {
     "$passed passed, $failed failed, $skipped skipped${names:+: $names}; exit $rc" $(($(now) - t0))
 }
 
+# record_harness NAME LOG RC T0 SUMMARY_NAME: the row of a Python harness that prints
+# "CHECK <name> PASS|FAIL|SKIP" lines and "SUMMARY <SUMMARY_NAME>: P PASS, F FAIL, S SKIP": its
+# counts (counted from the CHECK lines when it was killed before its SUMMARY), the first failed
+# checks; FAIL when any CHECK failed whatever the exit status, SKIP on exit 77 or a "SKIPPED:"
+# line.
+record_harness() {
+  local name=$1 log=$2 rc=$3 t0=$4 counts fail result failed_names
+  counts=$(grep -m1 -oE "^SUMMARY $5: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP" "$log" | cut -d' ' -f3-)
+  if [[ -z $counts ]]; then
+    counts="$(grep -c 'CHECK [^ ]* PASS' "$log") PASS, $(grep -c 'CHECK [^ ]* FAIL' "$log") FAIL,"
+    counts+=" $(grep -c 'CHECK [^ ]* SKIP' "$log") SKIP (no SUMMARY line)"
+  fi
+  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
+  result=$(status_result "$rc")
+  if [[ $result == PASS ]] && grep -q '^SKIPPED:' "$log"; then result=SKIP; fi
+  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
+  if [[ $rc == 77 ]]; then result=SKIP; fi
+  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
+  failed_names=${failed_names% }
+  record "$name" "$result" \
+    "$counts${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+}
+
 step_python() {
   banner "python: torch / cuda.bindings / CuPy (+ baseline)"
-  local log="$OUTDIR/python-check.log" t0 rc limit py_deadline
+  local log="$OUTDIR/python-check.log" t0 limit py_deadline
   t0=$(now)
   : >"$log"
   if [[ ! -f $LIB ]]; then
@@ -198,23 +221,7 @@ step_python() {
   py_deadline=$((limit > 40 ? limit - 20 : 20))  # the script winds down before timeout hits
   run_logged "$log" "$limit" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
     GPU_CHECK_BASELINE=1 python3 tests/python/torch_ipc_check.py --deadline-s "$py_deadline"
-  rc=$?
-  # The script's own SUMMARY line has the counts; without it (killed), count the CHECK lines.
-  local counts fail result failed_names
-  counts=$(grep -m1 -oE '^SUMMARY torch_ipc_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' "$log" \
-    | cut -d' ' -f3-)
-  if [[ -z $counts ]]; then
-    counts="$(grep -c 'CHECK [^ ]* PASS' "$log") PASS, $(grep -c 'CHECK [^ ]* FAIL' "$log") FAIL,"
-    counts+=" $(grep -c 'CHECK [^ ]* SKIP' "$log") SKIP (no SUMMARY line)"
-  fi
-  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
-  result=$(status_result $rc)
-  if [[ $result == PASS ]] && grep -q '^SKIPPED:' "$log"; then result=SKIP; fi
-  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
-  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
-  failed_names=${failed_names% }
-  record "python check" "$result" \
-    "$counts${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+  record_harness "python check" "$log" $? "$t0" torch_ipc_check
 }
 
 # Workers without a rank variable (tests/python/spawn_slot_check.py): torch.multiprocessing
@@ -222,7 +229,7 @@ step_python() {
 # each; slots from the GPU, peer pointers and graph-baked pointers identical across runs.
 step_spawn() {
   banner "spawn workers without a rank variable: slots from the GPU"
-  local log="$OUTDIR/spawn-check.log" t0 rc counts fail result failed_names
+  local log="$OUTDIR/spawn-check.log" t0
   t0=$(now)
   : >"$log"
   if [[ ! -f $LIB ]]; then
@@ -237,17 +244,7 @@ step_spawn() {
   } | tee -a "$log"
   run_logged "$log" "$(step_limit 300)" env -u LOCAL_RANK -u RANK -u VMMIPC_RANK \
     LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info python3 tests/python/spawn_slot_check.py
-  rc=$?
-  counts=$(grep -m1 -oE '^SUMMARY spawn_slot_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' "$log" \
-    | cut -d' ' -f3-)
-  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
-  result=$(status_result $rc)
-  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
-  if [[ $rc == 77 ]]; then result=SKIP; fi
-  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
-  failed_names=${failed_names% }
-  record "spawn check" "$result" \
-    "${counts:-no SUMMARY line}${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+  record_harness "spawn check" "$log" $? "$t0" spawn_slot_check
 }
 
 # Importers follow an exporter's memory-saver pause and resume (tests/python/memory_saver_check.py,
@@ -259,7 +256,7 @@ step_spawn() {
 # for that part when neither is there).
 step_saver() {
   banner "memory saver: importers follow an exporter's pause and resume"
-  local log="$OUTDIR/saver-check.log" t0 rc counts fail result failed_names
+  local log="$OUTDIR/saver-check.log" t0
   t0=$(now)
   : >"$log"
   if [[ ! -f $LIB ]]; then
@@ -268,17 +265,7 @@ step_saver() {
   fi
   run_logged "$log" "$(step_limit 240)" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
     VMMIPC_FOLLOW=1 python3 tests/python/memory_saver_check.py
-  rc=$?
-  counts=$(grep -m1 -oE '^SUMMARY memory_saver_check: [0-9]+ PASS, [0-9]+ FAIL, [0-9]+ SKIP' \
-    "$log" | cut -d' ' -f3-)
-  fail=$(grep -c 'CHECK [^ ]* FAIL' "$log")
-  result=$(status_result $rc)
-  if [[ $result == PASS ]] && ((fail > 0)); then result=FAIL; fi
-  if [[ $rc == 77 ]]; then result=SKIP; fi
-  failed_names=$(grep -oE 'CHECK [^ ]* FAIL' "$log" | cut -d' ' -f2 | head -n 5 | tr '\n' ' ')
-  failed_names=${failed_names% }
-  record "saver check" "$result" \
-    "${counts:-no SUMMARY line}${failed_names:+; failed: $failed_names}; exit $rc" $(($(now) - t0))
+  record_harness "saver check" "$log" $? "$t0" memory_saver_check
 }
 
 # ---- BENCHMARKS ------------------------------------------------------------------------------
