@@ -185,6 +185,14 @@ step_ctest() {
     "$passed passed, $failed failed, $skipped skipped${names:+: $names}; exit $rc" $(($(now) - t0))
 }
 
+# library_built ROW LOG: empties LOG; false, with a FAIL row, when libvmmipc.so was not built.
+library_built() {
+  : >"$2"
+  [[ -f $LIB ]] && return 0
+  record "$1" FAIL "not run: $LIB was not built" 0
+  return 1
+}
+
 # record_harness NAME LOG RC T0 SUMMARY_NAME: the row of a Python harness that prints
 # "CHECK <name> PASS|FAIL|SKIP" lines and "SUMMARY <SUMMARY_NAME>: P PASS, F FAIL, S SKIP": its
 # counts (counted from the CHECK lines when it was killed before its SUMMARY), the first failed
@@ -212,11 +220,7 @@ step_python() {
   banner "python: torch / cuda.bindings / CuPy (+ baseline)"
   local log="$OUTDIR/python-check.log" t0 limit py_deadline
   t0=$(now)
-  : >"$log"
-  if [[ ! -f $LIB ]]; then
-    record "python check" FAIL "not run: $LIB was not built" 0
-    return
-  fi
+  library_built "python check" "$log" || return
   limit=$(step_limit 360)
   py_deadline=$((limit > 40 ? limit - 20 : 20))  # the script winds down before timeout hits
   run_logged "$log" "$limit" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
@@ -231,11 +235,7 @@ step_spawn() {
   banner "spawn workers without a rank variable: slots from the GPU"
   local log="$OUTDIR/spawn-check.log" t0
   t0=$(now)
-  : >"$log"
-  if [[ ! -f $LIB ]]; then
-    record "spawn check" FAIL "not run: $LIB was not built" 0
-    return
-  fi
+  library_built "spawn check" "$log" || return
   { echo "-- the host's GPU list (/proc/driver/nvidia/gpus) --"
     ls /proc/driver/nvidia/gpus 2>&1
     echo "-- vmmipc-run --check, no rank variable --"
@@ -258,11 +258,7 @@ step_saver() {
   banner "memory saver: importers follow an exporter's pause and resume"
   local log="$OUTDIR/saver-check.log" t0
   t0=$(now)
-  : >"$log"
-  if [[ ! -f $LIB ]]; then
-    record "saver check" FAIL "not run: $LIB was not built" 0
-    return
-  fi
+  library_built "saver check" "$log" || return
   run_logged "$log" "$(step_limit 240)" env LD_PRELOAD="$LIB" VMMIPC_LOG_LEVEL=info \
     VMMIPC_FOLLOW=1 python3 tests/python/memory_saver_check.py
   record_harness "saver check" "$log" $? "$t0" memory_saver_check
