@@ -18,18 +18,6 @@
 namespace vmmipc::core {
 namespace {
 
-// The imported run holding `address`, if vmmipc mapped it.
-bool ImportedRun(uint64_t address, uint64_t* base, uint64_t* size) {
-  ProcessState& state = State();
-  std::lock_guard<std::mutex> lock(state.import_mutex);
-  if (state.imports.open_count() == 0) return false;
-  const state::OpenRecord* record = state.imports.FindByAddress(address);
-  if (record == nullptr) return false;
-  *base = record->run_base;
-  *size = record->run_size;
-  return true;
-}
-
 // Rewrites one attribute the driver already answered. Returns true if it did.
 bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
   switch (attribute) {
@@ -50,7 +38,7 @@ bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
         // The driver sees one arena reservation; the program asked for this one.
         base = carve.base;
         size = carve.size;
-      } else if (!ImportedRun(pointer, &base, &size)) {
+      } else if (!State().importer.RunAt(pointer, &base, &size)) {
         return false;
       }
       if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
@@ -92,13 +80,13 @@ CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     result = VMMIPC_REAL(MemCreate, handle, size, prop, flags);
   }
   if (result == CUDA_SUCCESS && handle != nullptr && Active())
-    State().generations.OnCreate(*handle);
+    State().exporter.generations().OnCreate(*handle);
   return result;
 }
 
 CUresult MemRelease(CUmemGenericAllocationHandle handle) {
   const CUresult result = VMMIPC_REAL(MemRelease, handle);
-  if (result == CUDA_SUCCESS && Active()) State().generations.OnRelease(handle);
+  if (result == CUDA_SUCCESS && Active()) State().exporter.generations().OnRelease(handle);
   return result;
 }
 
@@ -122,7 +110,7 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
     mapping.region_end = pointer + size;
   }
   ProcessState& state = State();
-  mapping.generation = state.mappings.Add(mapping);
+  mapping.generation = state.exporter.mappings().Add(mapping);
   if (config::Get().follow) FollowMap(state, mapping);  // a resume: importers map it too
   return result;
 }
@@ -134,13 +122,13 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
   // mapping made at the same place by another thread right after the driver's
   // unmap is never erased by this one's late bookkeeping.
   ProcessState& state = State();
-  state::TakenMappings taken = state.mappings.Take(pointer, size);
+  state::TakenMappings taken = state.exporter.mappings().Take(pointer, size);
   // A pause: importers that hold these chunks unmap them first (follow).
   const bool follow = config::Get().follow;
   if (follow) FollowUnmap(state, taken);
   const CUresult result = VMMIPC_REAL(MemUnmap, pointer, size);
   if (result != CUDA_SUCCESS) {
-    state.mappings.Restore(taken.records);
+    state.exporter.mappings().Restore(taken.records);
     // The memory is still here: importers that followed the pause map it again.
     if (follow)
       for (const state::VmmMapping& record : taken.records) FollowMap(state, record);
@@ -168,7 +156,7 @@ CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attribute
 
 CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer) {
   uint64_t run_base = 0, run_size = 0;
-  if (Active() && ImportedRun(pointer, &run_base, &run_size)) {
+  if (Active() && State().importer.RunAt(pointer, &run_base, &run_size)) {
     if (base != nullptr) *base = run_base;
     if (size != nullptr) *size = run_size;
     return CUDA_SUCCESS;
