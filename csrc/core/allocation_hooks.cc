@@ -17,7 +17,7 @@ namespace vmmipc::core {
 
 CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                    const CUmemAllocationProp* prop, unsigned long long flags) {
-  const bool widen = Active() && prop != nullptr && config::Get().force_posix_fd &&
+  const bool widen = prop != nullptr && config::Get().force_posix_fd &&
                      prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
                      (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0;
   CUresult result;
@@ -35,21 +35,20 @@ CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   } else {
     result = VMMIPC_REAL(MemCreate, handle, size, prop, flags);
   }
-  if (result == CUDA_SUCCESS && handle != nullptr && Active())
-    State().exporter.generations().OnCreate(*handle);
+  if (result == CUDA_SUCCESS && handle != nullptr) State().exporter.generations().OnCreate(*handle);
   return result;
 }
 
 CUresult MemRelease(CUmemGenericAllocationHandle handle) {
   const CUresult result = VMMIPC_REAL(MemRelease, handle);
-  if (result == CUDA_SUCCESS && Active()) State().exporter.generations().OnRelease(handle);
+  if (result == CUDA_SUCCESS) State().exporter.generations().OnRelease(handle);
   return result;
 }
 
 CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
                 CUmemGenericAllocationHandle handle, unsigned long long flags) {
   const CUresult result = VMMIPC_REAL(MemMap, pointer, size, offset, handle, flags);
-  if (result != CUDA_SUCCESS || !Active()) return result;
+  if (result != CUDA_SUCCESS) return result;
   // Everything get will need, asked once here (a map costs far more anyway).
   state::VmmMapping mapping;
   mapping.base = pointer;
@@ -72,7 +71,6 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
 }
 
 CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
-  if (!Active()) return VMMIPC_REAL(MemUnmap, pointer, size);
   // The records go first, so that no request being served can see a mapping
   // whose memory the driver has already taken away (a torn run), and a new
   // mapping made at the same place by another thread right after the driver's

@@ -5,7 +5,6 @@
 
 #include "common/log.h"
 #include "config/params.h"
-#include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/real.h"
 
@@ -66,7 +65,7 @@ std::optional<ArenaSide::Region> ReserveArena() {
 }
 
 bool ArenaApplies(CUdeviceptr address, unsigned long long flags) {
-  return Active() && config::Get().arena_wanted() && address == 0 && flags == 0;
+  return config::Get().arena_wanted() && address == 0 && flags == 0;
 }
 
 }  // namespace

@@ -281,7 +281,7 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
 }  // namespace
 
 CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
-  if (out == nullptr || !Active()) return VMMIPC_REAL(IpcGetMemHandle, out, address);
+  if (out == nullptr) return VMMIPC_REAL(IpcGetMemHandle, out, address);
   // Memory mapped through vmmipc's cuMemMap hook is described from the
   // mapping table, with no driver call. Anything else asks the real driver
   // first: legacy memory keeps its legacy handle, untouched.

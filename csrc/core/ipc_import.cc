@@ -192,7 +192,6 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
 
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
                           bool v2) {
-  if (!Active()) return ForwardOpen(pointer, raw, flags, v2);
   state::Vmm2Handle h;
   const auto* bytes = reinterpret_cast<const unsigned char*>(raw.reserved);
   switch (state::DecodeHandle(bytes, &h)) {
@@ -363,7 +362,6 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 }
 
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
-  if (!Active()) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   ProcessState& state = State();
   // The placement lock of the open being closed, so that its unmaps cannot
   // interleave with an open placing chunks in the same slot (import_side.h).

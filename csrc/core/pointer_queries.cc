@@ -51,15 +51,14 @@ bool Amend(CUpointer_attribute attribute, void* data, CUdeviceptr pointer) {
 
 CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
   const CUresult result = VMMIPC_REAL(PointerGetAttribute, data, attribute, pointer);
-  if (result == CUDA_SUCCESS && data != nullptr && Active()) Amend(attribute, data, pointer);
+  if (result == CUDA_SUCCESS && data != nullptr) Amend(attribute, data, pointer);
   return result;
 }
 
 CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
                               CUdeviceptr pointer) {
   const CUresult result = VMMIPC_REAL(PointerGetAttributes, count, attributes, data, pointer);
-  if (result != CUDA_SUCCESS || attributes == nullptr || data == nullptr || !Active())
-    return result;
+  if (result != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return result;
   for (unsigned int i = 0; i < count; ++i)
     if (data[i] != nullptr) Amend(attributes[i], data[i], pointer);
   return result;
@@ -67,7 +66,7 @@ CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attribute
 
 CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer) {
   uint64_t run_base = 0, run_size = 0;
-  if (Active() && State().importer.RunAt(pointer, &run_base, &run_size)) {
+  if (State().importer.RunAt(pointer, &run_base, &run_size)) {
     if (base != nullptr) *base = run_base;
     if (size != nullptr) *size = run_size;
     return CUDA_SUCCESS;
