@@ -33,8 +33,13 @@ CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigne
             : VMMIPC_REAL(IpcOpenMemHandleV1, pointer, handle, flags);
 }
 
-// What cuIpcOpenMemHandle returns for an exporter's refusal: every declared
-// reason listed (no default), so that a new one is a -Wswitch warning here.
+// What cuIpcOpenMemHandle returns for a failed fetch and for an exporter's
+// refusal. The names and counters of both enums come from their lists
+// (transport/peer_client.h, transport/chunk_grant.h); transport knows no
+// CUresult, so these two switches are the one hand-written mapping. Every
+// declared value is listed (no default) and a missing one fails the build.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
 CUresult CodeForRefusal(transport::RefuseReason reason) {
   using transport::RefuseReason;
   switch (reason) {
@@ -54,30 +59,31 @@ CUresult CodeForRefusal(transport::RefuseReason reason) {
   return CUDA_ERROR_MAP_FAILED;  // a reason from the wire that this build does not declare
 }
 
-CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
-  stats::CountFetchFailure(fetched.status);
+CUresult CodeForFetch(const transport::FetchResult& fetched) {
   using transport::FetchStatus;
-  CUresult code = CUDA_ERROR_MAP_FAILED;
   switch (fetched.status) {
     case FetchStatus::kOk:
       return CUDA_SUCCESS;
     case FetchStatus::kNoExporter:
-      code = CUDA_ERROR_INVALID_HANDLE;
-      break;
+      return CUDA_ERROR_INVALID_HANDLE;
     case FetchStatus::kUnauthentic:
-      code = CUDA_ERROR_NOT_PERMITTED;
-      break;
+      return CUDA_ERROR_NOT_PERMITTED;
     case FetchStatus::kNoResources:
-      code = CUDA_ERROR_OPERATING_SYSTEM;
-      break;
+      return CUDA_ERROR_OPERATING_SYSTEM;
     case FetchStatus::kTimeout:
     case FetchStatus::kProtocolError:
-      code = CUDA_ERROR_MAP_FAILED;
-      break;
+      return CUDA_ERROR_MAP_FAILED;
     case FetchStatus::kRefused:
-      code = CodeForRefusal(fetched.refuse);
-      break;
+      return CodeForRefusal(fetched.refuse);
   }
+  return CUDA_ERROR_MAP_FAILED;
+}
+#pragma GCC diagnostic pop
+
+CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
+  stats::CountFetchFailure(fetched.status);
+  const CUresult code = CodeForFetch(fetched);
+  if (code == CUDA_SUCCESS) return code;
   VMMIPC_LOG_WARN(
       "cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
       fetched.detail.empty() ? transport::FetchStatusName(fetched.status) : fetched.detail,
