@@ -215,7 +215,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       VMMIPC_LOG_ERROR(
           "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
           "vmmipc (knows version {}); use the same vmmipc in every process",
-          bytes[4], state::kHandleVersion);
+          state::HandleVersion(bytes), state::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
     case state::DecodeStatus::kMalformed:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
