@@ -5,7 +5,6 @@
 
 #include "common/log.h"
 #include "config/params.h"
-#include "core/ipc.h"
 #include "core/process_state.h"
 #include "core/real.h"
 
@@ -43,12 +42,11 @@ uint64_t Granularity() {
   return granularity;
 }
 
-// Reserves the arena on first use. Caller holds arena_mutex. The layout was
-// settled by config::Parse (the arena fits one slot, overlaps neither zone,
-// ends below the top of user space, or is off), so only the driver can refuse.
-void EnsureArenaLocked(ProcessState& state) {
-  if (state.arena_state != ArenaState::kUntried) return;
-  state.arena_state = ArenaState::kUnavailable;
+// Reserves the arena, on first use (under the arena's lock, ArenaSide::Take).
+// The layout was settled by config::Parse (the arena fits one slot, overlaps
+// neither zone, ends below the top of user space, or is off), so only the
+// driver can refuse.
+std::optional<ArenaSide::Region> ReserveArena() {
   const config::Params& p = config::Get();
   CUdeviceptr got = 0;
   CUresult result = VMMIPC_REAL(MemAddressReserve, &got, p.arena_size, 0, p.arena_base, 0);
@@ -60,16 +58,14 @@ void EnsureArenaLocked(ProcessState& state) {
         "process's own addresses may differ between runs",
         log::Bytes(p.arena_size), p.arena_base,
         result == CUDA_SUCCESS ? "the address is taken" : driver::ErrorName(result));
-    return;
+    return std::nullopt;
   }
-  state.arena_base = got;
-  state.arena = std::make_unique<state::ArenaCarver>(p.arena_size);
-  state.arena_state = ArenaState::kReserved;
   VMMIPC_LOG_INFO("export arena at 0x{:x}: {}", got, log::Bytes(p.arena_size));
+  return ArenaSide::Region{got, p.arena_size};
 }
 
 bool ArenaApplies(CUdeviceptr address, unsigned long long flags) {
-  return Active() && config::Get().arena_wanted() && address == 0 && flags == 0;
+  return config::Get().arena_wanted() && address == 0 && flags == 0;
 }
 
 }  // namespace
@@ -84,54 +80,31 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, 
   const uint64_t granularity = Granularity();
   if (size % granularity != 0)
     return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
-  {
-    std::lock_guard<std::mutex> lock(state.arena_mutex);
-    EnsureArenaLocked(state);
-    if (state.arena_state == ArenaState::kReserved) {
-      const uint64_t align = alignment > granularity ? alignment : granularity;
-      if (std::optional<uint64_t> offset = state.arena->Take(size, align)) {
-        *pointer = state.arena_base + *offset;
-        VMMIPC_LOG_DEBUG("arena: reserved {} at 0x{:x}", log::Bytes(size), *pointer);
-        return CUDA_SUCCESS;
-      }
-      if (!state.arena_exhausted_warned) {
-        state.arena_exhausted_warned = true;
-        VMMIPC_LOG_WARN(
-            "export arena full ({} of {} used, {} asked): this "
-            "and later such reservations go to the driver and are not deterministic "
-            "(raise VMMIPC_ARENA_SIZE and VMMIPC_SLOT_SIZE)",
-            log::Bytes(state.arena->used()), log::Bytes(state.arena->size()), log::Bytes(size));
-      }
-    }
+  const uint64_t align = alignment > granularity ? alignment : granularity;
+  if (std::optional<uint64_t> carved = state.arena.Take(size, align, ReserveArena)) {
+    *pointer = *carved;
+    VMMIPC_LOG_DEBUG("arena: reserved {} at 0x{:x}", log::Bytes(size), *pointer);
+    return CUDA_SUCCESS;
   }
   return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
 }
 
 CUresult MemAddressFree(CUdeviceptr pointer, size_t size) {
-  ProcessState& state = State();
-  {
-    std::lock_guard<std::mutex> lock(state.arena_mutex);
-    if (state.arena_state == ArenaState::kReserved && pointer >= state.arena_base &&
-        pointer - state.arena_base < state.arena->size()) {
-      if (state.arena->Give(pointer - state.arena_base, size)) return CUDA_SUCCESS;
+  switch (State().arena.Give(pointer, size)) {
+    case ArenaSide::Freed::kFreed:
+      return CUDA_SUCCESS;
+    case ArenaSide::Freed::kNotACarve:
       VMMIPC_LOG_WARN("cuMemAddressFree(0x{:x}, 0x{:x}): not a reservation of the export arena",
                       pointer, size);
       return CUDA_ERROR_INVALID_VALUE;
-    }
+    case ArenaSide::Freed::kNotInArena:
+      break;
   }
   return VMMIPC_REAL(MemAddressFree, pointer, size);
 }
 
 bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info) {
-  ProcessState& state = State();
-  std::lock_guard<std::mutex> lock(state.arena_mutex);
-  if (state.arena_state != ArenaState::kReserved || address < state.arena_base) return false;
-  std::optional<state::Carve> carve = state.arena->Find(address - state.arena_base);
-  if (!carve) return false;
-  info->arena_base = state.arena_base;
-  info->base = state.arena_base + carve->offset;
-  info->size = carve->size;
-  return true;
+  return State().arena.Find(address, info);
 }
 
 }  // namespace vmmipc::core

@@ -9,17 +9,14 @@
 
 #include <cstdint>
 
+#include "core/arena_side.h"
+
 namespace vmmipc::core {
 
 CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
                            unsigned long long flags);
 CUresult MemAddressFree(CUdeviceptr pointer, size_t size);
 
-struct ArenaCarveInfo {
-  uint64_t arena_base = 0;
-  uint64_t base = 0;  // the carved reservation holding the address
-  uint64_t size = 0;
-};
 // True when `address` lies in a carved reservation of the arena.
 bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info);
 

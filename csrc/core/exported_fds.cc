@@ -31,7 +31,7 @@ CUresult ExportAt(uint64_t base, ScopedFd* fd) {
 // An fd for one tracked chunk: a dup of the cached export when there is one
 // (no driver call), else a fresh export that is cached for the next grant.
 CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
-  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  *fd = state.exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
@@ -42,7 +42,7 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
   // across anything but this chunk's export.
   static std::mutex export_stripes[16];
   std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
-  *fd = state.mappings.DupCachedFd(chunk.base, chunk.generation);
+  *fd = state.exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
@@ -50,7 +50,8 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
-  *fd = state.mappings.CacheFd(chunk.base, chunk.generation, std::move(exported), &evicted);
+  *fd = state.exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
+                                          &evicted);
   if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
   return CUDA_SUCCESS;
 }

@@ -29,7 +29,7 @@ transport::NotifyResult Notify(ProcessState& state,
                                const std::vector<transport::WatchNotice>& notices,
                                const char* what) {
   const int timeout_ms = static_cast<int>(config::Get().timeout_ms);
-  transport::NotifyResult result = state.listener->Notify(notices, timeout_ms);
+  transport::NotifyResult result = state.exporter.listener().Notify(notices, timeout_ms);
   stats::Count(stats::Counter::kFollowNotices, result.events_sent);
   if (!result.unanswered.empty()) {
     stats::Count(stats::Counter::kFollowUnanswered, result.unanswered.size());
@@ -56,9 +56,10 @@ std::vector<uint32_t> Followers(const std::vector<uint32_t>& holders,
 // The follow thread runs without a context of its own: use the importer's.
 void UseFollowContext(const ProcessState& state) {
   static thread_local bool context_set = false;
-  if (!context_set && state.follow_context != nullptr)
+  if (!context_set && state.importer.follow_context() != nullptr)
     context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.follow_context)) == CUDA_SUCCESS;
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.importer.follow_context())) ==
+        CUDA_SUCCESS;
 }
 
 using transport::wire::AckStatus;
@@ -66,11 +67,8 @@ using transport::wire::Event;
 using transport::wire::EventKind;
 
 AckStatus FollowPause(ProcessState& state, const state::ExporterId& exporter, const Event& event) {
-  std::vector<state::MappedChunk> chunks;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    chunks = state.imports.Pause(exporter, event.base, static_cast<uint32_t>(event.generation));
-  }
+  const std::vector<state::MappedChunk> chunks =
+      state.importer.Pause(exporter, event.base, static_cast<uint32_t>(event.generation));
   if (chunks.empty()) return AckStatus::kNotHeld;
   // The mapping goes; the range stays reserved (zone slot or the open's own
   // reservation) for the resume. Touching it now faults, as on the exporter.
@@ -85,11 +83,7 @@ AckStatus FollowPause(ProcessState& state, const state::ExporterId& exporter, co
 
 AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, const Event& event,
                        int fd) {
-  std::vector<state::MappedChunk> chunks;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    chunks = state.imports.PausedAt(exporter, event.base);
-  }
+  const std::vector<state::MappedChunk> chunks = state.importer.PausedAt(exporter, event.base);
   if (chunks.empty()) return AckStatus::kNotHeld;
   AckStatus status = AckStatus::kDone;
   for (const state::MappedChunk& chunk : chunks) {
@@ -114,10 +108,7 @@ AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, c
       status = AckStatus::kFailed;
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(state.import_mutex);
-      state.imports.Resume(chunk.target, static_cast<uint32_t>(event.generation));
-    }
+    state.importer.Resume(chunk.target, static_cast<uint32_t>(event.generation));
     stats::Count(stats::Counter::kFollowResumes);
   }
   VMMIPC_LOG_DEBUG("follow: pid {} resumed 0x{:x}: {} chunk(s) mapped again here", exporter.pid,
@@ -131,15 +122,11 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
     ProcessState& state = State();
     UseFollowContext(state);
     const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
-    std::optional<uint32_t> slot;
-    {
-      std::lock_guard<std::mutex> lock(state.import_mutex);
-      slot = state.imports.RankSlotOf(exporter);
-    }
+    const std::optional<uint32_t> slot = state.importer.RankSlotOf(exporter);
     if (!slot) return AckStatus::kNotHeld;  // every open of it was closed
     // The placement lock of the exporter's slot, as opens and closes take
     // it: a close cannot unmap what this maps, nor an open probe it.
-    std::lock_guard<std::mutex> placement(state.placement_mutex(*slot, exporter.pid));
+    std::lock_guard<std::mutex> placement(state.importer.placement_mutex(*slot, exporter.pid));
     return event.kind == EventKind::kPause ? FollowPause(state, exporter, event)
                                            : FollowResume(state, exporter, event, fd.get());
   } catch (...) {
@@ -152,7 +139,7 @@ uint64_t Tag(uint32_t pid, uint32_t instance) { return (uint64_t{pid} << 32) | i
 }  // namespace
 
 void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
-  if (!state.listener_ready.load(std::memory_order_acquire)) return;  // never exported
+  if (!state.exporter.listener_ready()) return;  // never exported
   std::vector<transport::WatchNotice> notices;
   std::vector<const std::vector<uint32_t>*> holders;
   for (size_t i = 0; i < taken.records.size(); ++i) {
@@ -172,13 +159,13 @@ void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
   for (size_t i = 0; i < notices.size(); ++i) {
     std::vector<uint32_t> followers = Followers(*holders[i], result, i);
     if (followers.empty()) continue;
-    state.mappings.NotePaused({notices[i].base, notices[i].size, std::move(followers)});
+    state.exporter.mappings().NotePaused({notices[i].base, notices[i].size, std::move(followers)});
   }
 }
 
 void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
-  if (!state.listener_ready.load(std::memory_order_acquire)) return;
-  std::optional<state::PausedChunk> paused = state.mappings.TakePaused(mapping.base);
+  if (!state.exporter.listener_ready()) return;
+  std::optional<state::PausedChunk> paused = state.exporter.mappings().TakePaused(mapping.base);
   if (!paused) return;
   ScopedFd fd;
   CUresult exported = CUDA_ERROR_INVALID_VALUE;
@@ -203,26 +190,26 @@ void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
   const transport::NotifyResult result = Notify(state, {notice}, "resume");
   // They hold the new memory now: a later pause tells them again.
   for (uint32_t pid : Followers(paused->holders, result, 0))
-    state.mappings.AddHolder(mapping.base, mapping.generation, pid);
+    state.exporter.mappings().AddHolder(mapping.base, mapping.generation, pid);
 }
 
 bool WantsWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
   if (!config::Get().follow) return false;
-  std::lock_guard<std::mutex> lock(state.follow_mutex);
-  return !state.watch_client || !state.watch_client->Has(Tag(pid, instance));
+  return !state.importer.Watches(Tag(pid, instance));
 }
 
 void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
                transport::WatchConnection connection) {
-  std::lock_guard<std::mutex> lock(state.follow_mutex);
-  if (!state.watch_client) {
-    CUcontext context = nullptr;
-    if (VMMIPC_REAL(CtxGetCurrent, &context) == CUDA_SUCCESS) state.follow_context = context;
-    state.watch_client = std::make_unique<transport::WatchClient>(
-        OnEvent, static_cast<int>(config::Get().timeout_ms));
-  }
+  // The first kept watch makes the client; its thread uses the context of
+  // this open from its first event on.
+  auto make = [](void** context) {
+    CUcontext current = nullptr;
+    if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
+    return std::make_unique<transport::WatchClient>(OnEvent,
+                                                    static_cast<int>(config::Get().timeout_ms));
+  };
   std::string error;
-  if (!state.watch_client->Add(Tag(pid, instance), std::move(connection), &error))
+  if (!state.importer.AddWatch(Tag(pid, instance), std::move(connection), make, &error))
     VMMIPC_LOG_WARN(
         "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
         "followed here",

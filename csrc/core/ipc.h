@@ -1,12 +1,15 @@
 // The IPC semantics behind the hooked entry points. entry turns C calls into
 // these, inside a noexcept boundary; each returns the CUresult the caller sees.
+// entry calls them (and core/export_arena.h's) only when Active(): otherwise
+// the call goes straight to the real driver, so they never check it again.
 #pragma once
 
 #include <cuda.h>
 
 namespace vmmipc::core {
 
-// False when VMMIPC_ENABLE=0 or the driver cannot be loaded: hooks pass through.
+// False when VMMIPC_ENABLE=0 or the driver cannot be loaded: hooks pass
+// through. Decided on the first call, the same for the life of the process.
 bool Active();
 
 CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr address);

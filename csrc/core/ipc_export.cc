@@ -53,9 +53,10 @@ transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail)
 // but the range queries were not measured that way).
 void UseExportContext(const ProcessState& state) {
   static thread_local bool context_set = false;
-  if (!context_set && state.export_context != nullptr) {
+  if (!context_set && state.exporter.export_context() != nullptr) {
     context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.export_context)) == CUDA_SUCCESS;
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.exporter.export_context())) ==
+        CUDA_SUCCESS;
   }
 }
 
@@ -99,14 +100,14 @@ transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRe
     grant.generation = chunk.generation;
     reply.chunks.push_back(std::move(grant));
   }
-  if (!state.mappings.StillMapped(run))
+  if (!state.exporter.mappings().StillMapped(run))
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
                               first.base));
   // Follow: who holds each chunk, to be told when it is unmapped.
   if (config::Get().follow)
     for (const state::VmmMapping& chunk : run)
-      state.mappings.AddHolder(chunk.base, chunk.generation, request.peer_pid);
+      state.exporter.mappings().AddHolder(chunk.base, chunk.generation, request.peer_pid);
   return reply;
 }
 
@@ -172,7 +173,7 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
   ProcessState& state = State();
   UseExportContext(state);
   std::vector<state::VmmMapping> run =
-      state.mappings.Run(request.chunk_base, UINT64_MAX, kMaxChunksPerRun + 1);
+      state.exporter.mappings().Run(request.chunk_base, UINT64_MAX, kMaxChunksPerRun + 1);
   if (!run.empty()) return ServeTracked(state, request, std::move(run));
   return ServeUntracked(request);
 }
@@ -203,7 +204,7 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
 // run while the handles travel.
 void ExportAhead(uint64_t address) {
   ProcessState& state = State();
-  std::optional<state::VmmMapping> chunk = state.mappings.Find(address);
+  std::optional<state::VmmMapping> chunk = state.exporter.mappings().Find(address);
   if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
   ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
   if (FdForChunk(state, *chunk, &fd) != CUDA_SUCCESS)
@@ -218,56 +219,27 @@ void DrainExportAhead() {
   ProcessState& state = State();
   UseExportContext(state);
   std::vector<uint64_t> batch;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
-      batch.clear();
-      batch.swap(state.export_ahead);
-      if (batch.empty()) {
-        state.export_ahead_queued = false;
-        return;
-      }
-    }
+  while (state.exporter.TakeExportAhead(&batch))
     for (uint64_t address : batch) ExportAhead(address);
-  }
 }
-
-// More queued than this and a get no longer asks: those chunks are exported
-// when first requested, as without the queue.
-constexpr size_t kMaxExportAhead = 4096;
 
 // Called by get for a chunk whose fd is not cached yet: queue it for a
 // worker. Get itself only pushes an address (and posts one task per batch).
-// Best effort: out of memory here only means the export happens on request.
+// Best effort: a chunk not queued is exported when first requested.
 void QueueExportAhead(ProcessState& state, uint64_t address) noexcept {
-  bool post = false;
-  {
-    std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
-    if (state.export_ahead.size() >= kMaxExportAhead) return;
-    try {
-      state.export_ahead.push_back(address);
-    } catch (...) {
-      return;
-    }
-    post = !state.export_ahead_queued;
-    state.export_ahead_queued = true;
-  }
-  if (!post) return;
+  if (!state.exporter.QueueExportAhead(address)) return;
   try {
-    state.listener->Post(DrainExportAhead);
+    state.exporter.listener().Post(DrainExportAhead);
   } catch (...) {
-    std::lock_guard<std::mutex> lock(state.export_ahead_mutex);
-    state.export_ahead.clear();
-    state.export_ahead_queued = false;
+    state.exporter.DropExportAhead();
   }
 }
 
-// Starts the listener on the first export. Caller holds export_mutex.
-CUresult EnsureListenerLocked(ProcessState& state) {
-  if (state.listener) return CUDA_SUCCESS;
-  if (state.listener_failed) return CUDA_ERROR_OPERATING_SYSTEM;
-  CUcontext context = nullptr;
-  if (VMMIPC_REAL(CtxGetCurrent, &context) == CUDA_SUCCESS) state.export_context = context;
+// Starts the listener, on the first export (under the export side's lock,
+// ExportSide::EnsureListener); `context` is the one its threads will use.
+std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** context) {
+  CUcontext current = nullptr;
+  if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
   const config::Params& params = config::Get();
   transport::ListenerOptions options;
   options.secret = state.secret;
@@ -282,36 +254,34 @@ CUresult EnsureListenerLocked(ProcessState& state) {
   options.events.granted = [](size_t chunks) { stats::Count(stats::Counter::kFdsSent, chunks); };
   options.events.dropped = [] { stats::Count(stats::Counter::kConnectionsDropped); };
   options.events.reaped = [] { stats::Count(stats::Counter::kConnectionsReaped); };
-  state.mappings.SetFdCacheLimit(FdCacheLimit(params.export_fd_cache));
+  state.exporter.mappings().SetFdCacheLimit(FdCacheLimit(params.export_fd_cache));
   std::string error;
-  state.listener = transport::Listener::Start(options, Serve, &error);
-  if (!state.listener) {
-    // Remembered so that every later export fails fast with the same reason.
-    state.listener_failed = true;
+  std::unique_ptr<transport::Listener> listener =
+      transport::Listener::Start(options, Serve, &error);
+  if (!listener) {
+    // The export side remembers it: every later export fails fast.
     VMMIPC_LOG_ERROR(
         "cannot start the export listener: {}; VMM memory cannot be exported "
         "from this process",
         error);
-    return CUDA_ERROR_OPERATING_SYSTEM;
+    return nullptr;
   }
-  state.listener_ready.store(true, std::memory_order_release);
   if (state.rank >= 0)
     VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} (from {}), listening on {}",
-                    VMMIPC_VERSION_STRING, state.rank, params.rank_source,
-                    state.listener->address());
+                    VMMIPC_VERSION_STRING, state.rank, params.rank_source, listener->address());
   else
     VMMIPC_LOG_INFO(
         "vmmipc {} exporting: no rank variable, {}, listening on {}", VMMIPC_VERSION_STRING,
         params.slot_from_gpu() ? "slots from the GPU"
                                : fmt::format("unranked (VMMIPC_RANK_FROM={})", params.rank_from),
-        state.listener->address());
-  return CUDA_SUCCESS;
+        listener->address());
+  return listener;
 }
 
 }  // namespace
 
 CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
-  if (out == nullptr || !Active()) return VMMIPC_REAL(IpcGetMemHandle, out, address);
+  if (out == nullptr) return VMMIPC_REAL(IpcGetMemHandle, out, address);
   // Memory mapped through vmmipc's cuMemMap hook is described from the
   // mapping table, with no driver call. Anything else asks the real driver
   // first: legacy memory keeps its legacy handle, untouched.
@@ -341,12 +311,10 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   const uint64_t region_base = chunk.region_base;
 
   ProcessState& state = State();
-  if (!state.listener_ready.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(state.export_mutex);
-    if (const CUresult started = EnsureListenerLocked(state); started != CUDA_SUCCESS) {
-      stats::Count(stats::Counter::kExportRefusedNoListener);
-      return started;
-    }
+  if (!state.exporter.EnsureListener(
+          [&state](void** context) { return StartListener(state, context); })) {
+    stats::Count(stats::Counter::kExportRefusedNoListener);
+    return CUDA_ERROR_OPERATING_SYSTEM;
   }
   state::Vmm2Handle handle;
   handle.rank_slot = SlotForExport(state, chunk.device);

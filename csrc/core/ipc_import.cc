@@ -33,8 +33,13 @@ CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigne
             : VMMIPC_REAL(IpcOpenMemHandleV1, pointer, handle, flags);
 }
 
-// What cuIpcOpenMemHandle returns for an exporter's refusal: every declared
-// reason listed (no default), so that a new one is a -Wswitch warning here.
+// What cuIpcOpenMemHandle returns for a failed fetch and for an exporter's
+// refusal. The names and counters of both enums come from their lists
+// (transport/peer_client.h, transport/chunk_grant.h); transport knows no
+// CUresult, so these two switches are the one hand-written mapping. Every
+// declared value is listed (no default) and a missing one fails the build.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
 CUresult CodeForRefusal(transport::RefuseReason reason) {
   using transport::RefuseReason;
   switch (reason) {
@@ -54,30 +59,31 @@ CUresult CodeForRefusal(transport::RefuseReason reason) {
   return CUDA_ERROR_MAP_FAILED;  // a reason from the wire that this build does not declare
 }
 
-CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
-  stats::CountFetchFailure(fetched.status);
+CUresult CodeForFetch(const transport::FetchResult& fetched) {
   using transport::FetchStatus;
-  CUresult code = CUDA_ERROR_MAP_FAILED;
   switch (fetched.status) {
     case FetchStatus::kOk:
       return CUDA_SUCCESS;
     case FetchStatus::kNoExporter:
-      code = CUDA_ERROR_INVALID_HANDLE;
-      break;
+      return CUDA_ERROR_INVALID_HANDLE;
     case FetchStatus::kUnauthentic:
-      code = CUDA_ERROR_NOT_PERMITTED;
-      break;
+      return CUDA_ERROR_NOT_PERMITTED;
     case FetchStatus::kNoResources:
-      code = CUDA_ERROR_OPERATING_SYSTEM;
-      break;
+      return CUDA_ERROR_OPERATING_SYSTEM;
     case FetchStatus::kTimeout:
     case FetchStatus::kProtocolError:
-      code = CUDA_ERROR_MAP_FAILED;
-      break;
+      return CUDA_ERROR_MAP_FAILED;
     case FetchStatus::kRefused:
-      code = CodeForRefusal(fetched.refuse);
-      break;
+      return CodeForRefusal(fetched.refuse);
   }
+  return CUDA_ERROR_MAP_FAILED;
+}
+#pragma GCC diagnostic pop
+
+CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
+  stats::CountFetchFailure(fetched.status);
+  const CUresult code = CodeForFetch(fetched);
+  if (code == CUDA_SUCCESS) return code;
   VMMIPC_LOG_WARN(
       "cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
       fetched.detail.empty() ? transport::FetchStatusName(fetched.status) : fetched.detail,
@@ -95,6 +101,15 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const sta
     if (chunks[i].address + chunks[i].size < chunks[i].address) return false;  // wraps
     if (i > 0 && chunks[i].address != chunks[i - 1].address + chunks[i - 1].size) return false;
   }
+  return true;
+}
+
+// The same handle already open here: one more open of its pointer.
+bool Reopened(ProcessState& state, const state::OpenKey& key, CUdeviceptr* pointer) {
+  const std::optional<uint64_t> again = state.importer.Reopen(key);
+  if (!again) return false;
+  stats::Count(stats::Counter::kReopens);
+  *pointer = *again;
   return true;
 }
 
@@ -120,40 +135,41 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   if (h.rank_slot == state::kUnranked) {
     why_not = "the exporter has no rank slot (no rank variable, and none from its GPU)";
   } else {
-    EnsureZone(state);
-    std::optional<uint64_t> target =
-        state::ZoneTarget(state.zone, h.rank_slot, h.region_base, run_base, run_size);
-    if (state.zone_state != ZoneState::kReserved) {
+    const std::optional<state::ZoneLayout> zone = ImportZone(state);
+    std::optional<uint64_t> target;
+    if (zone) target = state::ZoneTarget(*zone, h.rank_slot, h.region_base, run_base, run_size);
+    if (!zone) {
       why_not = "there is no import zone";
     } else if (!target) {
       why_not =
           "the run does not fit the exporter's slot (rank >= VMMIPC_ZONE_SLOTS, or "
           "offset beyond VMMIPC_SLOT_SIZE)";
     } else {
-      std::lock_guard<std::mutex> lock(state.import_mutex);
-      if (std::optional<state::ExporterId> owner = state.imports.SlotOwner(h.rank_slot);
-          owner && *owner != exporter) {
-        stats::Count(stats::Counter::kSlotCollisions);
-        repeat_collision = !state.imports.FirstCollision(h.rank_slot, h.pid);
-        collision = fmt::format(
-            "rank slot {} already serves pid {}, and pid {} claims it too (two processes on "
-            "one GPU without a rank variable, or the same rank twice); set VMMIPC_RANK (or "
-            "LOCAL_RANK) to a different value in each process",
-            h.rank_slot, owner->pid, h.pid);
-        why_not = collision.c_str();
-      }
-      for (size_t i = 0; why_not == nullptr && i < chunks.size(); ++i) {
-        const auto& chunk = chunks[i];
-        const uint64_t chunk_target = *target + (chunk.address - run_base);
-        if (state.imports.Probe(chunk_target, chunk.size, exporter, chunk.address,
-                                static_cast<uint32_t>(chunk.generation)) ==
-            state::ChunkProbe::kConflict) {
-          why_not =
-              "its slot range already holds other memory (a stale chunk the exporter "
-              "re-created, or another reservation of the exporter at the same offset)";
-          break;
+      state.importer.WithTable([&](state::ImportTable& imports) {
+        if (std::optional<state::ExporterId> owner = imports.SlotOwner(h.rank_slot);
+            owner && *owner != exporter) {
+          stats::Count(stats::Counter::kSlotCollisions);
+          repeat_collision = !imports.FirstCollision(h.rank_slot, h.pid);
+          collision = fmt::format(
+              "rank slot {} already serves pid {}, and pid {} claims it too (two processes on "
+              "one GPU without a rank variable, or the same rank twice); set VMMIPC_RANK (or "
+              "LOCAL_RANK) to a different value in each process",
+              h.rank_slot, owner->pid, h.pid);
+          why_not = collision.c_str();
+          return;
         }
-      }
+        for (const transport::ChunkGrant& chunk : chunks) {
+          const uint64_t chunk_target = *target + (chunk.address - run_base);
+          if (imports.Probe(chunk_target, chunk.size, exporter, chunk.address,
+                            static_cast<uint32_t>(chunk.generation)) ==
+              state::ChunkProbe::kConflict) {
+            why_not =
+                "its slot range already holds other memory (a stale chunk the exporter "
+                "re-created, or another reservation of the exporter at the same offset)";
+            return;
+          }
+        }
+      });
       if (why_not == nullptr) {
         placement->run_target = *target;
         placement->zone_slot = h.rank_slot;
@@ -182,7 +198,6 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
 
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
                           bool v2) {
-  if (!Active()) return ForwardOpen(pointer, raw, flags, v2);
   state::Vmm2Handle h;
   const auto* bytes = reinterpret_cast<const unsigned char*>(raw.reserved);
   switch (state::DecodeHandle(bytes, &h)) {
@@ -200,7 +215,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       VMMIPC_LOG_ERROR(
           "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
           "vmmipc (knows version {}); use the same vmmipc in every process",
-          bytes[4], state::kHandleVersion);
+          state::HandleVersion(bytes), state::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
     case state::DecodeStatus::kMalformed:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
@@ -230,14 +245,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 
   const state::OpenKey key{
       {h.pid, h.instance}, h.address, h.generation, h.region_base, h.rank_slot};
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
-      stats::Count(stats::Counter::kReopens);
-      *pointer = *again;
-      return CUDA_SUCCESS;
-    }
-  }
+  if (Reopened(state, key, pointer)) return CUDA_SUCCESS;
 
   // The exchange with the exporter holds no lock: a stopped or slow exporter
   // delays only the opens of its own handles, each bounded by the timeout.
@@ -264,16 +272,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 
   // Placement and mapping: under the placement lock of the exporter's slot
   // (of the exporter itself when it is unranked).
-  std::lock_guard<std::mutex> placement_lock(state.placement_mutex(h.rank_slot, h.pid));
-  {
-    // Another thread may have opened the same handle while we fetched.
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    if (std::optional<uint64_t> again = state.imports.Reopen(key)) {
-      stats::Count(stats::Counter::kReopens);
-      *pointer = *again;
-      return CUDA_SUCCESS;  // the fetched fds close unused
-    }
-  }
+  std::lock_guard<std::mutex> placement_lock(state.importer.placement_mutex(h.rank_slot, h.pid));
+  // Another thread may have opened the same handle while we fetched (the
+  // fetched fds then close unused).
+  if (Reopened(state, key, pointer)) return CUDA_SUCCESS;
   const auto place_start = Clock::now();
   Placement placement;
   VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
@@ -285,21 +287,12 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   std::vector<state::MappedChunk> mapped_now;
   std::vector<const transport::ChunkGrant*> to_map;
   const uint64_t run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
+  const bool other_run = state.importer.WithTable([&](state::ImportTable& imports) {
     // Another handle's open returned this pointer for another run (only
     // possible after a followed resume changed what lies there).
-    if (state.imports.UseOf(placement.run_target + (h.address - run_base), placement.run_target,
-                            run_size) == state::PointerUse::kOtherRun) {
-      stats::Count(stats::Counter::kOpenFailedMap);
-      VMMIPC_LOG_WARN(
-          "cuIpcOpenMemHandle(pid {}, 0x{:x}): an open of another run of the exporter already "
-          "returned that pointer; close it first",
-          h.pid, h.address);
-      if (placement.private_reservation != 0)
-        FreeReservation(placement.private_reservation, placement.private_size);
-      return CUDA_ERROR_MAP_FAILED;
-    }
+    if (imports.UseOf(placement.run_target + (h.address - run_base), placement.run_target,
+                      run_size) == state::PointerUse::kOtherRun)
+      return true;
     for (const auto& chunk : fetched.chunks) {
       state::MappedChunk mapped{placement.run_target + (chunk.address - run_base),
                                 chunk.size,
@@ -309,12 +302,23 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
                                 0,
                                 static_cast<int32_t>(device)};
       record.chunks.push_back(mapped.target);
-      if (state.imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
-                              mapped.generation) == state::ChunkProbe::kSame)
+      if (imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
+                        mapped.generation) == state::ChunkProbe::kSame)
         continue;  // an earlier open mapped it already: shared, reference counted
       mapped_now.push_back(mapped);
       to_map.push_back(&chunk);
     }
+    return false;
+  });
+  if (other_run) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle(pid {}, 0x{:x}): an open of another run of the exporter already "
+        "returned that pointer; close it first",
+        h.pid, h.address);
+    if (placement.private_reservation != 0)
+      FreeReservation(placement.private_reservation, placement.private_size);
+    return CUDA_ERROR_MAP_FAILED;
   }
   CUresult result = CUDA_SUCCESS;
   size_t mapped_count = 0;
@@ -348,11 +352,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   record.zone_slot = placement.zone_slot;
   record.private_reservation = placement.private_reservation;
   record.private_reservation_size = placement.private_size;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    for (const auto& chunk : mapped_now) state.imports.AddChunk(chunk);
-    state.imports.AddOpen(record);
-  }
+  state.importer.AddOpen(mapped_now, record);
   for (const auto& chunk : mapped_now) {
     stats::Count(stats::Counter::kChunksMapped);
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
@@ -369,25 +369,21 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 }
 
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
-  if (!Active()) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   ProcessState& state = State();
   // The placement lock of the open being closed, so that its unmaps cannot
-  // interleave with an open placing chunks in the same slot (process_state.h).
+  // interleave with an open placing chunks in the same slot (import_side.h).
   std::optional<state::OpenKey> key;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    if (state.imports.open_count() == 0) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
-    key = state.imports.KeyOf(pointer);
-  }
+  const bool any_open = state.importer.WithTable([&](state::ImportTable& imports) {
+    if (imports.open_count() == 0) return false;
+    key = imports.KeyOf(pointer);
+    return true;
+  });
+  if (!any_open) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   std::unique_lock<std::mutex> placement_lock;
   if (key)
-    placement_lock =
-        std::unique_lock<std::mutex>(state.placement_mutex(key->rank_slot, key->exporter.pid));
-  state::CloseResult closed;
-  {
-    std::lock_guard<std::mutex> lock(state.import_mutex);
-    closed = state.imports.Close(pointer);
-  }
+    placement_lock = std::unique_lock<std::mutex>(
+        state.importer.placement_mutex(key->rank_slot, key->exporter.pid));
+  const state::CloseResult closed = state.importer.Close(pointer);
   // Not ours (legacy memory, or one close too many): the driver decides.
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);

@@ -26,29 +26,30 @@ bool TryReserveAt(uint64_t want, uint64_t size) {
   return false;
 }
 
-}  // namespace
-
-void EnsureZone(ProcessState& state) {
-  std::lock_guard lock(state.zone_mutex);
-  if (state.zone_state != ZoneState::kUntried) return;
+// Reserves the zone at its base, else at its fallback base.
+std::optional<state::ZoneLayout> ReserveZone() {
   const config::Params& params = config::Get();
   state::ZoneLayout zone;
   zone.slots = static_cast<uint64_t>(params.zone_slots);
   zone.slot_size = params.slot_size;
-  state.zone_state = ZoneState::kUnavailable;
   for (uint64_t base : {params.zone_base, params.zone_fallback_base}) {
     if (base == 0 || !TryReserveAt(base, zone.size())) continue;
     zone.base = base;
-    state.zone = zone;
-    state.zone_state = ZoneState::kReserved;
     VMMIPC_LOG_INFO("import zone at 0x{:x}: {} slots of {}", base, zone.slots,
                     log::Bytes(zone.slot_size));
-    return;
+    return zone;
   }
   VMMIPC_LOG_WARN(
       "no import zone (tried 0x{:x} and 0x{:x}): peer memory is placed best-effort, "
       "so peer addresses differ between runs (see docs/troubleshooting.md)",
       params.zone_base, params.zone_fallback_base);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<state::ZoneLayout> ImportZone(ProcessState& state) {
+  return state.importer.Zone(ReserveZone);
 }
 
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base) {

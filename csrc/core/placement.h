@@ -6,15 +6,15 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "core/process_state.h"
 
 namespace vmmipc::core {
 
-// Reserves the zone on first use (under zone_mutex; zone and zone_state are
-// fixed once it returns). Never fails: without a zone every import is placed
-// best-effort (with one warning).
-void EnsureZone(ProcessState& state);
+// The import zone, reserved on first use (ImportSide::Zone); nullopt when it
+// could not be (one warning): then every import is placed best-effort.
+std::optional<state::ZoneLayout> ImportZone(ProcessState& state);
 
 // A reservation anywhere, for best-effort placement.
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base);

@@ -67,19 +67,9 @@ void AfterForkInChild() {
   stats::ResetAfterFork();
   transport::ResetReaperAfterFork();
   ProcessState* old = g_state.load(std::memory_order_relaxed);
-  // The parent's cached exported fds would keep its memory alive after the
-  // parent unmaps it: the child closes its copies.
-  if (old != nullptr && !old->mappings.CloseCachedFdsInForkedChild())
-    VMMIPC_LOG_WARN(
-        "forked child: the parent's exported-fd cache was busy at fork; its copies "
-        "of exported fds stay open in this process");
-  if (old != nullptr && old->listener) {
-    old->listener->AbandonAfterFork();
-    Park(old->listener.release());
-  }
-  if (old != nullptr && old->watch_client) {
-    old->watch_client->AbandonAfterFork();
-    Park(old->watch_client.release());
+  if (old != nullptr) {
+    old->exporter.AbandonAfterFork();
+    old->importer.AbandonAfterFork();
   }
   Park(old);  // leaked, but reachable: leak checkers must not fail the child's exit
   new (&g_create_mutex) std::mutex();

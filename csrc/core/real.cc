@@ -1,6 +1,7 @@
-// The real driver as core reaches it: loaded from the configured library, and
-// the "is this libcuda's handle" question of the dlsym hook, which needs the
-// same library name.
+// The real driver as core reaches it: loaded from the configured library,
+// whether vmmipc is active on it (core/ipc.h Active), and the "is this
+// libcuda's handle" question of the dlsym hook, which needs the same library
+// name.
 #include "core/real.h"
 
 #include <dlfcn.h>
@@ -8,6 +9,7 @@
 #include <atomic>
 
 #include "config/params.h"
+#include "core/ipc.h"
 
 namespace vmmipc::core {
 
@@ -20,6 +22,12 @@ const driver::RealDriver& Real() {
 bool DriverLoaded() {
   Real();
   return driver::Loaded();
+}
+
+// Decided once: neither the variable nor the driver's loading changes later.
+bool Active() {
+  static const bool enabled = config::Get().enable;
+  return enabled && DriverLoaded();
 }
 
 bool IsDriverHandle(void* handle) {

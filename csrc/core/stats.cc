@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <string_view>
 
@@ -30,6 +31,24 @@ constexpr const char* kNames[] = {
 #undef VMMIPC_STATS_NAME_FETCH
 };
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCounterCount);
+
+// The counters of the two declared lists (transport/chunk_grant.h,
+// transport/peer_client.h), in list order: the report's refusals and the
+// first of its open failures come from here, so a reason or status added to
+// a list is in the report without a change here.
+constexpr Counter kRefusalCounters[] = {
+#define VMMIPC_STATS_REFUSAL_COUNTER(id, value, name, counter, counter_name) Counter::counter,
+    VMMIPC_REFUSE_REASONS(VMMIPC_STATS_REFUSAL_COUNTER)
+#undef VMMIPC_STATS_REFUSAL_COUNTER
+};
+constexpr Counter kFetchCounters[] = {
+#define VMMIPC_STATS_FETCH_COUNTER(id, name, counter, counter_name) Counter::counter,
+    VMMIPC_FETCH_FAILURES(VMMIPC_STATS_FETCH_COUNTER)
+#undef VMMIPC_STATS_FETCH_COUNTER
+};
+constexpr Counter kFirstRefusal = kRefusalCounters[0];
+constexpr Counter kLastRefusal = kRefusalCounters[std::size(kRefusalCounters) - 1];
+constexpr Counter kFirstFetchFailure = kFetchCounters[0];
 
 bool Valid(Counter counter) {
   const int index = static_cast<int>(counter);
@@ -115,8 +134,7 @@ std::string Format() {
          (Any(Counter::kRequestsServed, Counter::kConnectionsReaped)
               ? Group(Counter::kRequestsServed, Counter::kFdsSent, false) + " " +
                     Group(Counter::kConnectionsDropped, Counter::kConnectionsReaped, false) +
-                    "; refusals: " +
-                    Group(Counter::kRefusedBadToken, Counter::kRefusedBadRequest, true)
+                    "; refusals: " + Group(kFirstRefusal, kLastRefusal, true)
               : std::string("none")) +
          "\n";
   out += "  import: " +
@@ -130,8 +148,7 @@ std::string Format() {
   if (Any(Counter::kFollowNotices, Counter::kFollowResumeRefused))
     out +=
         "  follow: " + Group(Counter::kFollowNotices, Counter::kFollowResumeRefused, false) + "\n";
-  out += "  open failures: " +
-         Group(Counter::kOpenFailedNoExporter, Counter::kOpenFailedInvalid, true);
+  out += "  open failures: " + Group(kFirstFetchFailure, Counter::kOpenFailedInvalid, true);
   return out;
 }
 

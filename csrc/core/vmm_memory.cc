@@ -29,7 +29,7 @@ CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* regio
 }
 
 bool DescribeTracked(uint64_t address, ChunkInfo* info) {
-  std::optional<state::VmmMapping> mapping = State().mappings.Find(address);
+  std::optional<state::VmmMapping> mapping = State().exporter.mappings().Find(address);
   if (!mapping) return false;
   info->base = mapping->base;
   info->size = mapping->size;
@@ -54,7 +54,7 @@ CUresult RetainedChunk::Retain(uint64_t address) {
   if (DescribeTracked(address, &info_)) return CUDA_SUCCESS;
   CUmemAllocationProp prop = {};
   const CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle_);
-  info_.generation = State().generations.GetOrAssign(handle_);
+  info_.generation = State().exporter.generations().GetOrAssign(handle_);
   info_.posix_fd_exportable =
       props == CUDA_SUCCESS &&
       (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;

@@ -86,4 +86,6 @@ DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* h) {
   return DecodeStatus::kOk;
 }
 
+uint8_t HandleVersion(const unsigned char in[kHandleSize]) { return Get<uint8_t>(in, kOffVersion); }
+
 }  // namespace vmmipc::state

@@ -40,5 +40,8 @@ const char* DecodeStatusName(DecodeStatus status);
 
 void EncodeHandle(const Vmm2Handle& handle, unsigned char out[kHandleSize]);
 DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* handle);
+// The version a handle claims (its byte at the place every version keeps),
+// for the log line of DecodeStatus::kUnknownVersion.
+uint8_t HandleVersion(const unsigned char in[kHandleSize]);
 
 }  // namespace vmmipc::state

@@ -21,10 +21,10 @@ struct ChunkGrant {
 // Why an exporter refused a request; travels on the wire as a u16. Declared
 // once here: the enum, its log name and its VMMIPC_STATS counter
 // (core/stats.h) come from this list; the CUresult an importer returns for
-// each is core's (core/ipc_import.cc, a switch the compiler checks for every
-// reason).
+// each is core's (core/ipc_import.cc, a switch that fails the build when a
+// reason is missing).
 // X(enumerator, wire value, "name in log lines", stats counter, "counter name")
-#define VMMIPC_REFUSE_REASONS(X)                                                              \
+#define VMMIPC_REFUSE_REASONS(X)                                                             \
   /* The request MAC did not verify: a stale handle (pid reuse), an edited or forged one. */ \
   X(kBadToken, 1, "bad token", kRefusedBadToken, "refused_bad_token")                        \
   /* SO_PEERCRED uid differs from the exporter's. */                                         \

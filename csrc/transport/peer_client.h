@@ -43,7 +43,9 @@ struct WatchConnection {
 };
 
 // How a fetch ended, declared once: the enum, its log name and the
-// VMMIPC_STATS counter of a failed open (core/stats.h) come from this list.
+// VMMIPC_STATS counter of a failed open (core/stats.h) come from this list;
+// the CUresult an open returns for each is core's (core/ipc_import.cc, a
+// switch that fails the build when a status is missing).
 // X(enumerator, "name in log lines", stats counter, "counter name")
 #define VMMIPC_FETCH_FAILURES(X)                                                    \
   /* Nobody listens under that pid's name (the exporter exited). */                 \

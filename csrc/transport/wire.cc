@@ -61,6 +61,23 @@ bool MacEqual(uint64_t a, uint64_t b) {
   return diff == 0;
 }
 
+// The checks every watch record (event, ack) starts with, in this order:
+// magic, version, exact size, the MAC over everything before it (under the
+// connection's key and nonce), then the reserved word at 12. The layout
+// past them is the caller's.
+WireError CheckWatchRecord(std::span<const uint8_t> message, uint32_t magic, size_t size,
+                           std::span<const uint8_t> tag, const Nonce& nonce, const SipKey& key) {
+  if (message.size() < 8) return WireError::kTooShort;
+  const uint8_t* p = message.data();
+  if (Get32(p) != magic) return WireError::kBadMagic;
+  if (Get16(p + 4) != kVersion) return WireError::kBadVersion;
+  if (message.size() != size) return WireError::kBadLength;
+  if (!MacEqual(RecordMac(key, tag, nonce, message), Get64(p + size - 8)))
+    return WireError::kBadMac;
+  if (Get32(p + 12) != 0) return WireError::kBadReserved;
+  return WireError::kOk;
+}
+
 }  // namespace
 
 uint64_t Capability(const SipKey& secret, const HandleFields& f) {
@@ -264,14 +281,10 @@ std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& non
 
 WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                      Event* out) {
-  if (message.size() < 8) return WireError::kTooShort;
+  if (WireError e = CheckWatchRecord(message, kEventMagic, kEventSize, kEventTag, nonce, key);
+      e != WireError::kOk)
+    return e;
   const uint8_t* p = message.data();
-  if (Get32(p) != kEventMagic) return WireError::kBadMagic;
-  if (Get16(p + 4) != kVersion) return WireError::kBadVersion;
-  if (message.size() != kEventSize) return WireError::kBadLength;
-  if (!MacEqual(RecordMac(key, kEventTag, nonce, message), Get64(p + 40)))
-    return WireError::kBadMac;
-  if (Get32(p + 12) != 0) return WireError::kBadReserved;
   const uint16_t kind = Get16(p + 6);
   if (kind != static_cast<uint16_t>(EventKind::kPause) &&
       kind != static_cast<uint16_t>(EventKind::kResume))
@@ -301,13 +314,10 @@ std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, cons
 
 WireError ParseAck(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                    Ack* out) {
-  if (message.size() < 8) return WireError::kTooShort;
+  if (WireError e = CheckWatchRecord(message, kAckMagic, kAckSize, kAckTag, nonce, key);
+      e != WireError::kOk)
+    return e;
   const uint8_t* p = message.data();
-  if (Get32(p) != kAckMagic) return WireError::kBadMagic;
-  if (Get16(p + 4) != kVersion) return WireError::kBadVersion;
-  if (message.size() != kAckSize) return WireError::kBadLength;
-  if (!MacEqual(RecordMac(key, kAckTag, nonce, message), Get64(p + 16))) return WireError::kBadMac;
-  if (Get32(p + 12) != 0) return WireError::kBadReserved;
   const uint16_t status = Get16(p + 6);
   if (status > static_cast<uint16_t>(AckStatus::kFailed)) return WireError::kBadLayout;
   out->sequence = Get32(p + 8);

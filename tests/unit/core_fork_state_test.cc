@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <mutex>
+#include <vector>
 
 #include "core/process_state.h"
 
@@ -24,14 +24,13 @@ namespace {
   record.pointer = 0x7f0000000000;
   record.key.exporter = {1234, 0x5eed};
   record.opens = 1;
-  std::lock_guard<std::mutex> lock(state.import_mutex);
+  std::vector<state::MappedChunk> chunks;
   for (uint64_t i = 0; i < 3; ++i) {
     const uint64_t target = 0x7f0000000000 + i * 0x200000;
-    state.imports.AddChunk(
-        {target, 0x200000, record.key.exporter, 0x10000000 + i * 0x200000, 1, 0});
+    chunks.push_back({target, 0x200000, record.key.exporter, 0x10000000 + i * 0x200000, 1, 0});
     record.chunks.push_back(target);
   }
-  state.imports.AddOpen(record);
+  state.importer.AddOpen(chunks, record);
   return state.instance;
 }
 

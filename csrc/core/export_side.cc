@@ -1,0 +1,48 @@
+// The export side's queue of chunks to export ahead, and its fork reset.
+#include "core/export_side.h"
+
+#include "common/log.h"
+#include "common/parked.h"
+
+namespace vmmipc::core {
+
+bool ExportSide::QueueExportAhead(uint64_t address) noexcept {
+  std::lock_guard<std::mutex> lock(ahead_mutex_);
+  if (ahead_.size() >= kMaxExportAhead) return false;
+  try {
+    ahead_.push_back(address);
+  } catch (...) {
+    return false;
+  }
+  const bool post = !ahead_queued_;
+  ahead_queued_ = true;
+  return post;
+}
+
+bool ExportSide::TakeExportAhead(std::vector<uint64_t>* batch) {
+  std::lock_guard<std::mutex> lock(ahead_mutex_);
+  batch->clear();
+  batch->swap(ahead_);
+  if (!batch->empty()) return true;
+  ahead_queued_ = false;
+  return false;
+}
+
+void ExportSide::DropExportAhead() noexcept {
+  std::lock_guard<std::mutex> lock(ahead_mutex_);
+  ahead_.clear();
+  ahead_queued_ = false;
+}
+
+void ExportSide::AbandonAfterFork() {
+  if (!mappings_.CloseCachedFdsInForkedChild())
+    VMMIPC_LOG_WARN(
+        "forked child: the parent's exported-fd cache was busy at fork; its copies "
+        "of exported fds stay open in this process");
+  if (listener_) {
+    listener_->AbandonAfterFork();
+    Park(listener_.release());
+  }
+}
+
+}  // namespace vmmipc::core

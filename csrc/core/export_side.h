@@ -1,0 +1,95 @@
+// ExportSide: what this process keeps to export its own VMM memory: chunk
+// generations, the table of its own mappings (with the exported-fd cache),
+// the listener that answers peers, and the queue of chunks to export ahead
+// of their first request.
+//
+// Locking:
+//  - generations() and mappings() lock themselves.
+//  - export_mutex_ guards the start of the listener (listener_,
+//    listener_failed_, export_context_). Get takes it (EnsureListener) only
+//    until listener_ready() is true; export_context_ is written before the
+//    listener's threads start and listener_ never changes once ready, so
+//    listener() and export_context() take no lock.
+//  - ahead_mutex_ guards the export-ahead queue. It is held only to push or
+//    swap the list, never across an export.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "state/chunk_generations.h"
+#include "state/vmm_mappings.h"
+#include "transport/listener.h"
+
+namespace vmmipc::core {
+
+class ExportSide {
+ public:
+  state::ChunkGenerations& generations() { return generations_; }
+  // Own VMM mappings, from the cuMemMap/cuMemUnmap hooks.
+  state::VmmMappings& mappings() { return mappings_; }
+
+  // True once the listener runs; then listener() and export_context() are set.
+  bool listener_ready() const { return listener_ready_.load(std::memory_order_acquire); }
+  transport::Listener& listener() { return *listener_; }
+  // The CUcontext current at the first export, for the listener's threads.
+  void* export_context() const { return export_context_; }
+
+  // Starts the listener on the first export: `start(&context)` runs under
+  // export_mutex_ once, writes the context the listener's threads will use
+  // (before it starts them) and returns the listener, or null when it cannot
+  // start. A failure is remembered: later calls fail at once, without `start`.
+  // Returns whether the listener runs.
+  template <typename Start>
+  bool EnsureListener(Start start) {
+    if (listener_ready()) return true;
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    if (listener_) return true;
+    if (listener_failed_) return false;
+    listener_ = start(&export_context_);
+    if (!listener_) {
+      listener_failed_ = true;
+      return false;
+    }
+    listener_ready_.store(true, std::memory_order_release);
+    return true;
+  }
+
+  // Queues the chunk at `address` for export ahead of its first request.
+  // True when the caller must post a drain task (none is pending); false
+  // when one is, the queue is full or out of memory (then the chunk is
+  // exported when first requested, as without the queue).
+  bool QueueExportAhead(uint64_t address) noexcept;
+  // The drain task's next batch: everything queued, swapped into `batch`.
+  // False when nothing was queued: the drain ends and the next get posts one.
+  bool TakeExportAhead(std::vector<uint64_t>* batch);
+  // Posting the drain task failed: forgets the queue.
+  void DropExportAhead() noexcept;
+
+  // In a forked child: closes its copies of the parent's cached exported fds
+  // (they would keep the parent's memory alive) and abandons the listener,
+  // whose threads are the parent's.
+  void AbandonAfterFork();
+
+ private:
+  // More queued than this and a get no longer queues.
+  static constexpr size_t kMaxExportAhead = 4096;
+
+  state::ChunkGenerations generations_;
+  state::VmmMappings mappings_;
+
+  std::mutex export_mutex_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::atomic<bool> listener_ready_{false};  // lets get skip export_mutex_ once started
+  void* export_context_ = nullptr;
+  bool listener_failed_ = false;
+
+  std::mutex ahead_mutex_;
+  std::vector<uint64_t> ahead_;
+  bool ahead_queued_ = false;  // a drain task is posted and has not finished
+};
+
+}  // namespace vmmipc::core

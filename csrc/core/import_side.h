@@ -1,0 +1,115 @@
+// ImportSide: what this process keeps of the memory it opened from peers:
+// the import table, the placement locks, the import zone, and (follow) the
+// watch client that hears its exporters' pauses and resumes.
+//
+// Locking:
+//  - import_mutex_ guards the table. It is held only while the table is read
+//    or written (the methods below, WithTable): never across socket I/O or a
+//    driver call, so pointer queries and opens of other exporters never wait
+//    behind an open.
+//  - placement_mutex(slot, pid) serialises the placement and the driver calls
+//    (map, set access, unmap) of the opens and closes of one rank slot of the
+//    zone (or, for an unranked exporter, of one exporter), so that a chunk
+//    being unmapped by a close is never probed free and mapped over by an
+//    open, and two opens of one handle agree on one pointer. Opens of
+//    exporters in other slots run in parallel; fetching fds from the exporter
+//    happens before it is taken. Taken before import_mutex_, never after it.
+//  - zone_mutex_ guards the zone's reservation; the zone never changes once
+//    Zone() has returned.
+//  - follow_mutex_ guards the watch client's creation and its lookups; the
+//    client is never destroyed, and follow_context_ is written once, before
+//    the client (and its thread) exists.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "state/handle_codec.h"
+#include "state/import_table.h"
+#include "state/import_zone.h"
+#include "transport/peer_client.h"
+#include "transport/watch_client.h"
+
+namespace vmmipc::core {
+
+class ImportSide {
+ public:
+  // Runs `use(table)` under the import lock and returns what it returns:
+  // for the steps that read and write the table together. `use` makes no
+  // driver call and no socket I/O.
+  template <typename Use>
+  auto WithTable(Use use) {
+    std::lock_guard<std::mutex> lock(import_mutex_);
+    return use(imports_);
+  }
+
+  // The same handle opened again: one more open of its pointer.
+  std::optional<uint64_t> Reopen(const state::OpenKey& key);
+  // Records a mapped open: its newly mapped chunks, then the open itself.
+  void AddOpen(const std::vector<state::MappedChunk>& mapped, state::OpenRecord record);
+  // One close of `pointer` (state::ImportTable::Close).
+  state::CloseResult Close(uint64_t pointer);
+  // The imported run holding `address`, for the range queries; false when
+  // vmmipc did not map it.
+  bool RunAt(uint64_t address, uint64_t* base, uint64_t* size);
+  // Follow (state::ImportTable): pause, the paused chunks at an exporter's
+  // address, resume, and the rank slot of an exporter's opens.
+  std::vector<state::MappedChunk> Pause(const state::ExporterId& exporter, uint64_t base,
+                                        uint32_t generation);
+  std::vector<state::MappedChunk> PausedAt(const state::ExporterId& exporter, uint64_t base);
+  void Resume(uint64_t target, uint32_t generation);
+  std::optional<uint32_t> RankSlotOf(const state::ExporterId& exporter);
+
+  // The placement lock of a handle: its rank slot, or its exporter's pid
+  // when the exporter has no rank (rank_slot is state::kUnranked).
+  std::mutex& placement_mutex(uint32_t rank_slot, uint32_t exporter_pid) {
+    const uint32_t key = rank_slot != state::kUnranked ? rank_slot : exporter_pid;
+    return placement_mutexes_[key % kPlacementLocks];
+  }
+
+  // The import zone: reserved by `reserve()` on the first call, nullopt when
+  // that failed (then every import is placed best-effort). Fixed from then on.
+  using ReserveZone = std::optional<state::ZoneLayout> (*)();
+  std::optional<state::ZoneLayout> Zone(ReserveZone reserve);
+
+  // Follow. True when a watch connection to exporter `tag` is kept.
+  bool Watches(uint64_t tag);
+  // Keeps `connection` for exporter `tag`. The first call makes the watch
+  // client with `make(&context)`, which writes the context its thread uses
+  // first. False, with `*error`, when the client cannot keep it.
+  template <typename Make>
+  bool AddWatch(uint64_t tag, transport::WatchConnection connection, Make make,
+                std::string* error) {
+    std::lock_guard<std::mutex> lock(follow_mutex_);
+    if (!watch_client_) watch_client_ = make(&follow_context_);
+    return watch_client_->Add(tag, std::move(connection), error);
+  }
+  // The context current at the first kept watch, for the follow thread.
+  void* follow_context() const { return follow_context_; }
+
+  // In a forked child: abandons the watch client, whose thread is the parent's.
+  void AbandonAfterFork() noexcept;
+
+ private:
+  static constexpr size_t kPlacementLocks = 64;
+  enum class ZoneState { kUntried, kReserved, kUnavailable };
+
+  std::mutex import_mutex_;
+  state::ImportTable imports_;
+
+  std::mutex placement_mutexes_[kPlacementLocks];
+
+  std::mutex zone_mutex_;
+  state::ZoneLayout zone_;
+  ZoneState zone_state_ = ZoneState::kUntried;
+
+  std::mutex follow_mutex_;
+  std::unique_ptr<transport::WatchClient> watch_client_;
+  void* follow_context_ = nullptr;
+};
+
+}  // namespace vmmipc::core
