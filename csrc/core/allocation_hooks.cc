@@ -67,6 +67,8 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
   ProcessState& state = State();
   mapping.generation = state.exporter.mappings().Add(mapping);
   if (config::Get().follow) FollowMap(state, mapping);  // a resume: importers map it too
+  if (config::Get().export_on_map && mapping.posix_fd_exportable)
+    ExportAheadOfMap(state, mapping.base);
   return result;
 }
 
