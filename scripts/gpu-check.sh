@@ -6,6 +6,7 @@
 # rank variable (tests/python/spawn_slot_check.py), importers following an exporter's memory-saver
 # pause and resume with VMMIPC_FOLLOW=1 (tests/python/memory_saver_check.py: raw cuda.bindings VMM
 # memory, and torch_memory_saver from its wheel in .whl/ unless installed), benchmarks if built,
+# the driver's own import floor under concurrency beside legacy IPC (tests/bench/concurrent_import_floor.py),
 # the all-to-all registration benchmark (skipped, not failed, when less than 60 s of budget is left).
 # Every step runs whatever happened before it, under `timeout`, inside one time budget
 # (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed into OUTDIR; the end prints a
@@ -14,7 +15,7 @@
 # for trying the script on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5), GPU_CHECK_BENCH_SCALE (1),
 # GPU_CHECK_ALL_TO_ALL_BUDGET_S (180), GPU_CHECK_ALL_TO_ALL_REPS (3), MEMORY_SAVER_WHEEL (the
 # torch_memory_saver wheel for the saver step; default .whl/torch_memory_saver-*.whl), GPU_CHECK_SKIP
-# (comma list of steps not to run: ctest, python, spawn, saver, bench, all_to_all; e.g.
+# (comma list of steps not to run: ctest, python, spawn, saver, bench, floor, all_to_all; e.g.
 # GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all step the budget).
 set -u
 
@@ -349,6 +350,28 @@ step_all_to_all() {
     $(($(now) - t0))
 }
 
+# The driver's own floor under concurrency (tests/bench/concurrent_import_floor.py, no vmmipc):
+# N=2 processes on GPU 0 open 64 of each other's 2 MiB chunks with every fd in hand, beside legacy
+# IPC, alone, together and while exporting (docs/benchmarks.md): what the all-to-all's N=2 ratio
+# can be at best. SKIP without cuda.bindings.
+step_floor() {
+  banner "the driver's import floor under concurrency"
+  local log="$OUTDIR/floor.log" t0 rc ratios
+  t0=$(now)
+  : >"$log"
+  if ! python3 -c 'import cuda.bindings' >/dev/null 2>&1; then
+    record "driver floor" SKIP "no cuda.bindings" 0
+    return
+  fi
+  run_logged "$log" "$(step_limit 90)" env LD_PRELOAD= python3 tests/bench/concurrent_import_floor.py \
+    --ranks 2 --gpus 1 --per-rank 64 --reps 3
+  rc=$?
+  ratios=$(grep -E '^RATIO ' "$log" | sed -E 's/^RATIO ([a-z]+): .* = /\1 /' | tr '\n' ',' | sed 's/,$//; s/,/, /g')
+  record "driver floor" "$(status_result $rc)" \
+    "vmm floor / legacy open p50, N=2 one GPU: ${ratios:-no RATIO lines}; floor.log (exit $rc)" \
+    $(($(now) - t0))
+}
+
 print_summary() {
   local total=$(($(now) - START_S)) overall=PASS
   ((ANY_FAILED)) && overall=FAIL
@@ -389,6 +412,7 @@ skipped python || step_python
 skipped spawn || step_spawn
 skipped saver || step_saver
 skipped bench || step_bench
+skipped floor || step_floor
 skipped all_to_all || step_all_to_all
 print_summary
 exit "$ANY_FAILED"
