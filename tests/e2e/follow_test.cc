@@ -69,6 +69,28 @@ class Follow : public LoggedPeerTest {
     return s;
   }
 
+  // An exporter (rank 0) and an importer (rank 1) with follow on, and the
+  // exporter's VMM buffer "a" of `chunks` chunks (filled with `seed`) shared
+  // between them (Share). Bind it: auto [exporter, importer, base, size, s].
+  struct SharedPair {
+    std::unique_ptr<PeerProcess> exporter;
+    std::unique_ptr<PeerProcess> importer;
+    uint64_t base = 0;
+    uint64_t size = 0;
+    Shared s;
+  };
+  SharedPair ShareBuffer(int chunks, int seed, std::map<std::string, std::string> exporter_env = {},
+                         std::map<std::string, std::string> importer_env = {}) {
+    SharedPair pair;
+    pair.exporter = FollowPeer("exporter", "0", std::move(exporter_env));
+    pair.importer = FollowPeer("importer", "1", std::move(importer_env));
+    if (!pair.exporter || !pair.importer) return pair;
+    pair.size = static_cast<uint64_t>(chunks) * kChunk;
+    pair.base = VmmBuffer(*pair.exporter, "a", chunks, seed);
+    pair.s = Share(*pair.exporter, *pair.importer, pair.base, pair.size, seed);
+    return pair;
+  }
+
   // `command` in `peer`; its answer in *answer, the milliseconds it took returned.
   static long Timed(PeerProcess& peer, const std::string& command, std::string* answer) {
     const auto start = Clock::now();
@@ -94,12 +116,8 @@ class Follow : public LoggedPeerTest {
 };
 
 TEST_F(Follow, PauseFreesTheImportersMappingAndResumeMapsNewMemoryAtTheSamePointer) {
-  auto exporter = FollowPeer("exporter", "0");
-  auto importer = FollowPeer("importer", "1");
+  auto [exporter, importer, base, size, s] = ShareBuffer(2, 1);
   ASSERT_TRUE(exporter && importer);
-  const uint64_t size = 2 * kChunk;
-  const uint64_t base = VmmBuffer(*exporter, "a", 2, 1);
-  const Shared s = Share(*exporter, *importer, base, size, 1);
   ASSERT_FALSE(s.ptr.empty());
   const std::string range = importer->Call("range " + s.ptr);
   ASSERT_TRUE(StartsWith(range, "ok ")) << range;
@@ -140,12 +158,8 @@ TEST_F(Follow, PauseFreesTheImportersMappingAndResumeMapsNewMemoryAtTheSamePoint
 }
 
 TEST_F(Follow, ANewHandleOfTheResumedMemoryOpensAtTheOldPointer) {
-  auto exporter = FollowPeer("exporter", "0");
-  auto importer = FollowPeer("importer", "1");
+  auto [exporter, importer, base, size, s] = ShareBuffer(2, 4);
   ASSERT_TRUE(exporter && importer);
-  const uint64_t size = 2 * kChunk;
-  const uint64_t base = VmmBuffer(*exporter, "a", 2, 4);
-  const Shared s = Share(*exporter, *importer, base, size, 4);
   ASSERT_FALSE(s.ptr.empty());
   ASSERT_EQ(exporter->Call("pause a"), "ok");
   ASSERT_EQ(exporter->Call("resume a"), "ok");
@@ -191,12 +205,9 @@ TEST_F(Follow, AGoneImporterDoesNotDelayThePause) {
 }
 
 TEST_F(Follow, AStoppedImporterCostsThePauseTheTimeoutIsNamedAndCatchesUp) {
-  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
-  auto importer = FollowPeer("importer", "1");
-  ASSERT_TRUE(exporter && importer);
   // One chunk: one event, so one wait of the timeout and one unanswered importer.
-  const uint64_t base = VmmBuffer(*exporter, "a", 1, 8);
-  const Shared s = Share(*exporter, *importer, base, kChunk, 8);
+  auto [exporter, importer, base, size, s] = ShareBuffer(1, 8, {{"VMMIPC_TIMEOUT_MS", "1000"}});
+  ASSERT_TRUE(exporter && importer);
   ASSERT_FALSE(s.ptr.empty());
 
   ASSERT_TRUE(StopAndWait(importer->pid()));
@@ -265,12 +276,8 @@ TEST_F(Follow, AResumeOfAnotherSizeIsRefusedAndTheOpenStillClosesCleanly) {
 }
 
 TEST_F(Follow, ClosingWhilePausedReleasesEverythingAndTheLaterResumeIsIgnored) {
-  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
-  auto importer = FollowPeer("importer", "1");
+  auto [exporter, importer, base, size, s] = ShareBuffer(2, 12, {{"VMMIPC_TIMEOUT_MS", "3000"}});
   ASSERT_TRUE(exporter && importer);
-  const uint64_t size = 2 * kChunk;
-  const uint64_t base = VmmBuffer(*exporter, "a", 2, 12);
-  const Shared s = Share(*exporter, *importer, base, size, 12);
   ASSERT_FALSE(s.ptr.empty());
   ASSERT_EQ(exporter->Call("pause a"), "ok");
   EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
@@ -294,12 +301,9 @@ TEST_F(Follow, ClosingWhilePausedReleasesEverythingAndTheLaterResumeIsIgnored) {
 
 // The documented default: nothing follows, the importer keeps the old memory alive.
 TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemory) {
-  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_FOLLOW", kUnset}});
-  auto importer = FollowPeer("importer", "1", {{"VMMIPC_FOLLOW", kUnset}});
+  auto [exporter, importer, base, size, s] =
+      ShareBuffer(2, 14, {{"VMMIPC_FOLLOW", kUnset}}, {{"VMMIPC_FOLLOW", kUnset}});
   ASSERT_TRUE(exporter && importer);
-  const uint64_t size = 2 * kChunk;
-  const uint64_t base = VmmBuffer(*exporter, "a", 2, 14);
-  const Shared s = Share(*exporter, *importer, base, size, 14);
   ASSERT_FALSE(s.ptr.empty());
   const Resources opened = Held(*importer);
 
@@ -325,12 +329,8 @@ TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemory) {
 
 TEST_F(Follow, AGraphCapturedBeforeThePauseReplaysOnTheResumedMemory) {
   if (Sim()) GTEST_SKIP() << "GPU only: the simulated driver has no graphs";
-  auto exporter = FollowPeer("exporter", "0");
-  auto importer = FollowPeer("importer", "1");
+  auto [exporter, importer, base, size, s] = ShareBuffer(2, 17);
   ASSERT_TRUE(exporter && importer);
-  const uint64_t size = 2 * kChunk;
-  const uint64_t base = VmmBuffer(*exporter, "a", 2, 17);
-  const Shared s = Share(*exporter, *importer, base, size, 17);
   ASSERT_FALSE(s.ptr.empty());
   // The graph copies the peer memory into the importer's own buffer.
   const uint64_t local = VmmBuffer(*importer, "local", 2, 18);
