@@ -78,6 +78,24 @@ WireError CheckWatchRecord(std::span<const uint8_t> message, uint32_t magic, siz
   return WireError::kOk;
 }
 
+// The header every watch record (event, ack) starts with: magic, version,
+// the record's 16-bit field at 6 (event kind, ack status), its sequence, and
+// the reserved word at 12. CheckWatchRecord reads it back.
+void PutWatchHeader(uint8_t* p, uint32_t magic, uint16_t field, uint32_t sequence) {
+  Put32(p + 0, magic);
+  Put16(p + 4, kVersion);
+  Put16(p + 6, field);
+  Put32(p + 8, sequence);
+  Put32(p + 12, 0);  // reserved
+}
+
+// The MAC in a watch record's last 8 bytes, over everything before it.
+template <size_t kSize>
+void SealWatchRecord(std::array<uint8_t, kSize>& record, std::span<const uint8_t> tag,
+                     const Nonce& nonce, const SipKey& key) {
+  Put64(record.data() + kSize - 8, RecordMac(key, tag, nonce, record));
+}
+
 }  // namespace
 
 uint64_t Capability(const SipKey& secret, const HandleFields& f) {
@@ -267,15 +285,11 @@ std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& non
                                             const SipKey& key) {
   std::array<uint8_t, kEventSize> out{};
   uint8_t* p = out.data();
-  Put32(p + 0, kEventMagic);
-  Put16(p + 4, kVersion);
-  Put16(p + 6, static_cast<uint16_t>(event.kind));
-  Put32(p + 8, event.sequence);
-  Put32(p + 12, 0);  // reserved
+  PutWatchHeader(p, kEventMagic, static_cast<uint16_t>(event.kind), event.sequence);
   Put64(p + 16, event.base);
   Put64(p + 24, event.size);
   Put64(p + 32, event.generation);
-  Put64(p + 40, RecordMac(key, kEventTag, nonce, out));
+  SealWatchRecord(out, kEventTag, nonce, key);
   return out;
 }
 
@@ -302,13 +316,8 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
 
 std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key) {
   std::array<uint8_t, kAckSize> out{};
-  uint8_t* p = out.data();
-  Put32(p + 0, kAckMagic);
-  Put16(p + 4, kVersion);
-  Put16(p + 6, static_cast<uint16_t>(ack.status));
-  Put32(p + 8, ack.sequence);
-  Put32(p + 12, 0);  // reserved
-  Put64(p + 16, RecordMac(key, kAckTag, nonce, out));
+  PutWatchHeader(out.data(), kAckMagic, static_cast<uint16_t>(ack.status), ack.sequence);
+  SealWatchRecord(out, kAckTag, nonce, key);
   return out;
 }
 

@@ -637,8 +637,8 @@ TEST_F(Fault, GetExportsItsChunkAheadOncePerChunk) {
 // exports on map stop at half the fd cache, so they never evict the fds of
 // chunks that were asked for.
 TEST_F(Fault, ExportOnMapExportsChunksMappedAfterTheFirstShareOnly) {
-  auto exporter = Peer("exporter", "0",
-                       {{"VMMIPC_EXPORT_ON_MAP", "1"}, {"VMMIPC_EXPORT_FD_CACHE", "4"}});
+  auto exporter =
+      Peer("exporter", "0", {{"VMMIPC_EXPORT_ON_MAP", "1"}, {"VMMIPC_EXPORT_FD_CACHE", "4"}});
   auto plain = Peer("exporter", "2");
   auto importer = Peer("importer", "1");
   auto settled_fds = [](const PeerProcess& peer, int expected) {
