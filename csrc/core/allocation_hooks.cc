@@ -7,6 +7,7 @@
 //    driver unmaps. With follow on, both tell the importers (core/follow.h).
 #include "common/log.h"
 #include "config/params.h"
+#include "core/export_ahead.h"
 #include "core/follow.h"
 #include "core/ipc.h"
 #include "core/process_state.h"

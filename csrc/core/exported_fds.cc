@@ -2,6 +2,9 @@
 // fds): an fd for a tracked chunk, a dup of the cached one, or exported once.
 #include "core/exported_fds.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -54,6 +57,27 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
                                           &evicted);
   if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
   return CUDA_SUCCESS;
+}
+
+// A quarter of RLIMIT_NOFILE at most: the host needs the rest.
+size_t FdCacheLimit(int64_t configured) {
+  rlimit limit{};
+  size_t cap = static_cast<size_t>(configured);
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    cap = std::min<size_t>(cap, std::max<rlim_t>(limit.rlim_cur / 4, 1));
+  return std::max<size_t>(cap, 1);
+}
+
+// Runs on a listener worker. It has no context of its own: use the one the
+// first export ran in, once per thread (export works without one, measured,
+// but the range queries were not measured that way).
+void UseExportContext(const ProcessState& state) {
+  static thread_local bool context_set = false;
+  if (!context_set && state.exporter.export_context() != nullptr) {
+    context_set =
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.exporter.export_context())) ==
+        CUDA_SUCCESS;
+  }
 }
 
 }  // namespace vmmipc::core

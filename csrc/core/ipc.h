@@ -6,11 +6,7 @@
 
 #include <cuda.h>
 
-#include <cstdint>
-
 namespace vmmipc::core {
-
-struct ProcessState;
 
 // False when VMMIPC_ENABLE=0 or the driver cannot be loaded: hooks pass
 // through. Decided on the first call, the same for the life of the process.
@@ -37,9 +33,6 @@ CUresult MemRelease(CUmemGenericAllocationHandle handle);
 CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
                 CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult MemUnmap(CUdeviceptr pointer, size_t size);
-// For MemMap with VMMIPC_EXPORT_ON_MAP (ipc_export.cc): queues the chunk mapped at
-// `base` for export ahead when this process has shared VMM memory before.
-void ExportAheadOfMap(ProcessState& state, uint64_t base) noexcept;
 
 CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
 CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,

@@ -1,7 +1,6 @@
 // The exporter's side: cuIpcGetMemHandle on VMM memory (metadata only, no fd
 // until a peer asks) and the listener's handler that answers peers with the
 // chunks of the run and their fds.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/export_ahead.h"
 #include "core/export_arena.h"
 #include "core/exported_fds.h"
 #include "core/ipc.h"
@@ -27,16 +27,6 @@
 namespace vmmipc::core {
 namespace {
 
-// The exported-fd cache's bound: the configured limit, but never more than a
-// quarter of the fds the process may open (the host needs the rest).
-size_t FdCacheLimit(int64_t configured) {
-  rlimit limit{};
-  size_t cap = static_cast<size_t>(configured);
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
-    cap = std::min<size_t>(cap, std::max<rlim_t>(limit.rlim_cur / 4, 1));
-  return std::max<size_t>(cap, 1);
-}
-
 // More chunks than this in one run is refused rather than sending an
 // unbounded stream of fds (64 Ki chunks of 2 MiB is already 128 GiB).
 constexpr size_t kMaxChunksPerRun = 65536;
@@ -46,18 +36,6 @@ transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail)
   reply.refuse = reason;
   reply.detail = std::move(detail);
   return reply;
-}
-
-// Runs on a listener worker. It has no context of its own: use the one the
-// first export ran in, once per thread (export works without one, measured,
-// but the range queries were not measured that way).
-void UseExportContext(const ProcessState& state) {
-  static thread_local bool context_set = false;
-  if (!context_set && state.exporter.export_context() != nullptr) {
-    context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.exporter.export_context())) ==
-        CUDA_SUCCESS;
-  }
 }
 
 // The run of memory the exporter made through vmmipc's cuMemMap hook: one
@@ -195,61 +173,6 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
                        .count());
   return reply;
 }
-
-// Exports the chunk at `address` into the cache ahead of its first request,
-// on a listener worker, so that the importer's open finds an fd to dup: an
-// export costs ~35 us, and the process's first export (or the first after
-// every exported chunk was unmapped) ~600 us more for the driver's export
-// set-up. Frameworks get every handle, exchange them, then open: the exports
-// run while the handles travel.
-void ExportAhead(uint64_t address) {
-  ProcessState& state = State();
-  std::optional<state::VmmMapping> chunk = state.exporter.mappings().Find(address);
-  if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
-  ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
-  if (FdForChunk(state, *chunk, &fd) != CUDA_SUCCESS)
-    VMMIPC_LOG_DEBUG(
-        "exporting 0x{:x} ahead of its first request failed; it will be exported "
-        "when asked",
-        chunk->base);
-}
-
-// Exports every queued chunk, then lets the next get post a new drain.
-void DrainExportAhead() {
-  ProcessState& state = State();
-  UseExportContext(state);
-  std::vector<uint64_t> batch;
-  while (state.exporter.TakeExportAhead(&batch))
-    for (uint64_t address : batch) ExportAhead(address);
-}
-
-// Called by get for a chunk whose fd is not cached yet: queue it for a
-// worker. Get itself only pushes an address (and posts one task per batch).
-// Best effort: a chunk not queued is exported when first requested.
-void QueueExportAhead(ProcessState& state, uint64_t address) noexcept {
-  if (!state.exporter.QueueExportAhead(address)) return;
-  try {
-    state.exporter.listener().Post(DrainExportAhead);
-  } catch (...) {
-    state.exporter.DropExportAhead();
-  }
-}
-
-}  // namespace
-
-// VMMIPC_EXPORT_ON_MAP: a chunk mapped by a process that has shared before is
-// queued like a get's, so that its export runs now rather than while peers
-// import (measured: an export beside a peer's imports doubles their driver
-// time). Only while the cache is under half full: speculative exports never
-// evict the fds of chunks that were asked for.
-void ExportAheadOfMap(ProcessState& state, uint64_t base) noexcept {
-  if (!state.exporter.listener_ready()) return;  // never shared: nothing to prepare for
-  const size_t limit = FdCacheLimit(config::Get().export_fd_cache);
-  if (state.exporter.mappings().cached_fd_count() >= limit / 2) return;
-  QueueExportAhead(state, base);
-}
-
-namespace {
 
 // Starts the listener, on the first export (under the export side's lock,
 // ExportSide::EnsureListener); `context` is the one its threads will use.
