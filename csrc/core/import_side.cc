@@ -64,6 +64,12 @@ std::optional<state::ZoneLayout> ImportSide::Zone(ReserveZone reserve) {
   return zone_;
 }
 
+std::optional<state::ZoneLayout> ImportSide::ReservedZone() {
+  std::lock_guard<std::mutex> lock(zone_mutex_);
+  if (zone_state_ != ZoneState::kReserved) return std::nullopt;
+  return zone_;
+}
+
 bool ImportSide::Watches(uint64_t tag) {
   std::lock_guard<std::mutex> lock(follow_mutex_);
   return watch_client_ && watch_client_->Has(tag);

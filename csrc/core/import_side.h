@@ -16,12 +16,19 @@
 //    happens before it is taken. Taken before import_mutex_, never after it.
 //  - zone_mutex_ guards the zone's reservation; the zone never changes once
 //    Zone() has returned.
+//  - The page-table anchors' table (state/zone_anchors.h) is read and
+//    written under import_mutex_ too (WithAnchors); what is done to one
+//    slot's anchors (map, unmap) is done under that slot's placement lock.
+//    anchor_memory_mutex_ guards the anchors' memory, one allocation per
+//    device, and is held across the cuMemCreate that makes it (once per
+//    device); taken after a placement lock, never with import_mutex_.
 //  - follow_mutex_ guards the watch client's creation and its lookups; the
 //    client is never destroyed, and follow_context_ is written once, before
 //    the client (and its thread) exists.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +38,7 @@
 #include "state/handle_codec.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
+#include "state/zone_anchors.h"
 #include "transport/peer_client.h"
 #include "transport/watch_client.h"
 
@@ -75,6 +83,34 @@ class ImportSide {
   // that failed (then every import is placed best-effort). Fixed from then on.
   using ReserveZone = std::optional<state::ZoneLayout> (*)();
   std::optional<state::ZoneLayout> Zone(ReserveZone reserve);
+  // The zone if it is reserved; never reserves it.
+  std::optional<state::ZoneLayout> ReservedZone();
+
+  // Runs `use(table, anchors)` under the import lock (no driver call, no I/O).
+  template <typename Use>
+  auto WithAnchors(Use use) {
+    std::lock_guard<std::mutex> lock(import_mutex_);
+    return use(imports_, anchors_);
+  }
+  // The memory every anchor of `device` maps: made by `make(device, &memory)`
+  // on the first call for the device (a driver call, under the anchor memory
+  // lock); nullopt when that failed, which is not tried again.
+  struct AnchorMemory {
+    unsigned long long handle = 0;  // CUmemGenericAllocationHandle
+    uint64_t size = 0;
+  };
+  template <typename Make>
+  std::optional<AnchorMemory> AnchorMemoryFor(int32_t device, Make make) {
+    std::lock_guard<std::mutex> lock(anchor_memory_mutex_);
+    auto it = anchor_memory_.find(device);
+    if (it == anchor_memory_.end()) {
+      AnchorMemory memory;
+      it = anchor_memory_
+               .emplace(device, make(device, &memory) ? std::optional(memory) : std::nullopt)
+               .first;
+    }
+    return it->second;
+  }
 
   // Follow. True when a watch connection to exporter `tag` is kept.
   bool Watches(uint64_t tag);
@@ -100,6 +136,10 @@ class ImportSide {
 
   std::mutex import_mutex_;
   state::ImportTable imports_;
+  state::ZoneAnchors anchors_;
+
+  std::mutex anchor_memory_mutex_;
+  std::map<int32_t, std::optional<AnchorMemory>> anchor_memory_;
 
   std::mutex placement_mutexes_[kPlacementLocks];
 

@@ -15,6 +15,7 @@
 #include "core/process_state.h"
 #include "core/real.h"
 #include "core/stats.h"
+#include "core/zone_anchors.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/peer_client.h"
@@ -321,8 +322,12 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     return CUDA_ERROR_MAP_FAILED;
   }
   CUresult result = CUDA_SUCCESS;
+  // A page-table anchor where a chunk goes moves out of the way first.
+  if (placement.zone_slot != state::kNotInZone &&
+      !ClearAnchorsFor(state, placement.zone_slot, mapped_now))
+    result = CUDA_ERROR_MAP_FAILED;
   size_t mapped_count = 0;
-  for (; mapped_count < mapped_now.size(); ++mapped_count) {
+  for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
     result = MapChunk(to_map[mapped_count]->fd.get(), mapped_now[mapped_count].target,
                       mapped_now[mapped_count].size);
     if (result != CUDA_SUCCESS) break;
@@ -387,6 +392,8 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   // Not ours (legacy memory, or one close too many): the driver decides.
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);
+  // Before the stretch's last chunk goes, so that its page tables stay.
+  AnchorBeforeUnmap(state, closed.to_unmap);
   for (const auto& chunk : closed.to_unmap) {
     if (chunk.paused) continue;  // its exporter paused it: nothing is mapped (follow)
     UnmapChunk(chunk.target, chunk.size);

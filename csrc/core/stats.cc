@@ -144,6 +144,10 @@ std::string Format() {
                                 log::Bytes(Get(Counter::kBytesUnmapped)))
               : std::string("none")) +
          "\n";
+  // Only where a close left a page-table anchor (VMMIPC_ZONE_ANCHORS).
+  if (Any(Counter::kZoneAnchorsMapped, Counter::kZoneAnchorsDropped))
+    out += "  zone anchors: " +
+           Group(Counter::kZoneAnchorsMapped, Counter::kZoneAnchorsDropped, false) + "\n";
   // Only where follow did something (VMMIPC_FOLLOW=1 and a pause or resume).
   if (Any(Counter::kFollowNotices, Counter::kFollowResumeRefused))
     out +=

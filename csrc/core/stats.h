@@ -45,6 +45,9 @@ namespace vmmipc::core::stats {
   X(kBytesUnmapped, "bytes_unmapped")                       \
   X(kSlotCollisions, "slot_collisions")                     \
   X(kPlacementsBestEffort, "placements_best_effort")        \
+  X(kZoneAnchorsMapped, "zone_anchors_mapped")              \
+  X(kZoneAnchorsMoved, "zone_anchors_moved")                \
+  X(kZoneAnchorsDropped, "zone_anchors_dropped")            \
   /* Follow (VMMIPC_FOLLOW): exporter, then importer. */    \
   X(kFollowNotices, "follow_notices")                       \
   X(kFollowUnanswered, "follow_unanswered")                 \

@@ -145,6 +145,17 @@ void ImportTable::Resume(uint64_t target, uint32_t generation) {
   it->second.generation = generation;
 }
 
+std::vector<MappedChunk> ImportTable::ChunksIn(uint64_t begin, uint64_t end) const {
+  std::vector<MappedChunk> found;
+  auto it = chunks_.lower_bound(begin);
+  if (it != chunks_.begin()) {
+    auto before = std::prev(it);
+    if (before->second.target + before->second.size > begin) found.push_back(before->second);
+  }
+  for (; it != chunks_.end() && it->first < end; ++it) found.push_back(it->second);
+  return found;
+}
+
 std::optional<uint32_t> ImportTable::RankSlotOf(const ExporterId& exporter) const {
   for (const auto& [pointer, record] : opens_)
     if (record.key.exporter == exporter) return record.key.rank_slot;

@@ -134,6 +134,9 @@ class ImportTable {
   // lock); nullopt when none is open.
   std::optional<uint32_t> RankSlotOf(const ExporterId& exporter) const;
 
+  // Every chunk (paused or not) that overlaps [begin, end), ascending.
+  std::vector<MappedChunk> ChunksIn(uint64_t begin, uint64_t end) const;
+
   size_t chunk_count() const { return chunks_.size(); }
   size_t open_count() const { return opens_.size(); }
 

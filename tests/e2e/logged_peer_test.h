@@ -210,6 +210,17 @@ class LoggedPeerTest : public ::testing::Test {
     return r;
   }
 
+  // `r` once `anchors` page-table anchors (VMMIPC_ZONE_ANCHORS) are left
+  // where there were none: a mapping each, and the one allocation they share
+  // (with an fd on the simulated driver, which backs memory with a memfd).
+  static Resources WithAnchors(Resources r, int anchors) {
+    if (anchors <= 0) return r;
+    if (r.mappings >= 0) r.mappings += anchors;
+    if (r.allocations >= 0) r.allocations += 1;
+    if (Sim() && r.fds >= 0) r.fds += 1;
+    return r;
+  }
+
   // Opens `handle` in `importer`, checks `size` bytes of pattern `seed` and
   // closes it: makes the importer's lazily created state (zone, logger,
   // listener-less process state) exist before a baseline is taken.

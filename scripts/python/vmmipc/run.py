@@ -45,6 +45,7 @@ PARAMS = [
     ("VMMIPC_ZONE_FALLBACK_BASE", "size", "0x600000000000"),
     ("VMMIPC_ZONE_SLOTS", "int", "8"),
     ("VMMIPC_SLOT_SIZE", "size", "1T"),
+    ("VMMIPC_ZONE_ANCHORS", "bool", "1"),
     ("VMMIPC_TIMEOUT_MS", "int", "5000"),
     ("VMMIPC_SOCKET_DIR", "string", ""),
     ("VMMIPC_CUDA_LIBRARY", "string", "libcuda.so.1"),

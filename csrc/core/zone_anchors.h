@@ -1,0 +1,27 @@
+// The import zone's page-table anchors (state/zone_anchors.h says why): the
+// driver calls that leave, move and drop them around the closes' unmaps and
+// the opens' maps. An anchor only saves time: every failure here is logged
+// and skipped, and is never an open's or a close's error.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/process_state.h"
+#include "state/import_table.h"
+
+namespace vmmipc::core {
+
+// Before a close unmaps `chunks` (already out of the import table), under
+// their slot's placement lock: anchors each stretch of the zone that they
+// leave without a mapped chunk (VMMIPC_ZONE_ANCHORS).
+void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk>& chunks);
+
+// Before an open maps `chunks` in zone slot `slot`, under its placement lock:
+// moves every anchor of the slot that lies where one of them goes (or drops
+// it when its stretch has no other free spot). False, logged, when such an
+// anchor could not be unmapped: the open's map would fail over it.
+bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
+                     const std::vector<state::MappedChunk>& chunks);
+
+}  // namespace vmmipc::core

@@ -1,0 +1,68 @@
+// ZoneAnchors: the import zone's page-table anchors, bookkeeping only.
+//
+// The driver frees a GPU's page tables of a 1 GiB stretch of address space
+// with the last mapping in it, and the next cuMemSetAccess there builds them
+// again: ~25 us more per open on an H200 (driver 580; a mapping of anything
+// elsewhere in the same 1 GiB keeps them). Imported chunks land in the zone
+// at their exporter's offsets, usually alone in their 1 GiB, so every open
+// after the last close of a stretch paid that. An anchor is one small mapping
+// of the importer's own memory that core leaves in a stretch a close emptied,
+// placed where no imported chunk lies; an open that needs its spot moves it.
+// Keyed by stretch and rank slot: a stretch is anchored within one slot's
+// range only, so the slot's placement lock covers everything done to it.
+// Not thread-safe: core locks (ImportSide).
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace vmmipc::state {
+
+// The stretch whose page tables one anchor keeps (measured on an H200: a
+// mapping 64 MiB away keeps them, one 1 GiB away does not).
+inline constexpr uint64_t kAnchorStretch = 1ull << 30;
+
+struct AnchorKey {
+  uint64_t stretch = 0;  // kAnchorStretch-aligned address
+  uint32_t slot = 0;     // the zone's rank slot
+  auto operator<=>(const AnchorKey&) const = default;
+};
+
+struct Anchor {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  int32_t device = -1;  // whose page tables it keeps (its access)
+};
+
+// An address range [begin, end).
+struct Span {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+class ZoneAnchors {
+ public:
+  std::optional<Anchor> Find(const AnchorKey& key) const;
+  void Set(const AnchorKey& key, const Anchor& anchor);
+  void Clear(const AnchorKey& key);
+  size_t count() const { return anchors_.size(); }
+
+ private:
+  std::map<AnchorKey, Anchor> anchors_;
+};
+
+// The stretches that [begin, end) touches, ascending (empty when begin >= end).
+std::vector<uint64_t> StretchesOf(uint64_t begin, uint64_t end);
+
+// The highest `size`-aligned spot of `size` bytes in `within` that overlaps
+// none of `busy`; nullopt when there is none.
+std::optional<uint64_t> FreeSpot(const Span& within, uint64_t size, std::vector<Span> busy);
+
+// The part of stretch `stretch` that lies in `slot_span`.
+Span StretchInSlot(uint64_t stretch, const Span& slot_span);
+
+}  // namespace vmmipc::state

@@ -1,0 +1,148 @@
+// Page-table anchors (VMMIPC_ZONE_ANCHORS): the last close in a stretch of
+// the import zone leaves one mapping of the importer's own memory there, so
+// that the GPU keeps the stretch's page tables for the next open; an open
+// whose chunks go where the anchor lies moves it, or drops it when the
+// stretch has no other free spot; with the switch off nothing stays. The
+// simulated driver refuses a map over a mapping, so an open that succeeds
+// over an anchor's old spot shows that the anchor moved first. Mappings and
+// allocations are read from the simulated driver; the counters from the
+// VMMIPC_STATS exit report, on either driver.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "e2e_layout.h"
+#include "logged_peer_test.h"
+#include "peer_process.h"
+
+namespace vmmipc::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+class ZoneAnchors : public LoggedPeerTest {
+ protected:
+  // Slots of 8 MiB: a slot's part of its stretch is 8 MiB, four chunks, so
+  // that a few small buffers cover it.
+  const std::map<std::string, std::string> kSmallSlots = {
+      {"VMMIPC_SLOT_SIZE", "8M"}, {"VMMIPC_ZONE_SLOTS", "16"}, {"VMMIPC_STATS", "1"}};
+
+  void SetUp() override {
+    LoggedPeerTest::SetUp();
+    if (IsSkipped()) return;
+    exporter_ = Peer("exporter", "0");
+    ASSERT_NE(exporter_, nullptr);
+  }
+
+  // Opens `handle`, checks `size` bytes of `seed`, returns the pointer.
+  uint64_t OpenChecked(PeerProcess& importer, const std::string& handle, uint64_t size, int seed) {
+    const std::string answer = importer.Call("open " + handle);
+    EXPECT_TRUE(StartsWith(answer, "ok ")) << answer;
+    const uint64_t ptr = StartsWith(answer, "ok ") ? Num(Value(answer)) : 0;
+    if (ptr != 0) {
+      EXPECT_EQ(importer.Call("check " + Hex(ptr) + " " + Hex(size) + " " + std::to_string(seed)),
+                "ok");
+    }
+    return ptr;
+  }
+
+  long Mappings(PeerProcess& p) { return Held(p).mappings; }
+
+  std::unique_ptr<PeerProcess> exporter_;
+};
+
+TEST_F(ZoneAnchors, TheLastCloseLeavesOneAnchorThatLaterOpensKeep) {
+  auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
+  const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 3));
+  const Resources before = Held(*importer);
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t ptr = OpenChecked(*importer, handle, 2 * kChunk, 3);
+    ASSERT_EQ(ptr, kZoneBase);
+    if (Sim()) {
+      EXPECT_EQ(Mappings(*importer), round == 0 ? 2 : 3);  // the chunks (+ the anchor)
+    }
+    EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  }
+  if (Sim()) {
+    Resources after = Held(*importer);
+    after.reservations = before.reservations;  // the zone, made by the first open
+    EXPECT_EQ(after, WithAnchors(before, 1));
+  }
+  const std::string report = ExitLog(&importer);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_moved"), 0u);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 0u);
+}
+
+TEST_F(ZoneAnchors, AnOpenWhereTheAnchorLiesMovesItWithinTheStretch) {
+  auto importer = Peer("importer", "1", kSmallSlots);
+  // a: one chunk at the slot's offset 0; its close anchors the top of the slot's 8 MiB.
+  const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 4));
+  uint64_t ptr = OpenChecked(*importer, a, kChunk, 4);
+  ASSERT_EQ(ptr, kZoneBase);
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  // b: three chunks right after a, up to the top: over the anchor, which moves to offset 0.
+  const std::string b = Handle(*exporter_, VmmBuffer(*exporter_, "b", 3, 5));
+  ptr = OpenChecked(*importer, b, 3 * kChunk, 5);
+  ASSERT_EQ(ptr, kZoneBase + 2 * kMiB) << "the exporter's arena placed b elsewhere";
+  if (Sim()) {
+    EXPECT_EQ(Mappings(*importer), 4);
+  }
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  // a again, now where the anchor went: it moves back up.
+  ptr = OpenChecked(*importer, a, kChunk, 4);
+  EXPECT_EQ(ptr, kZoneBase);
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  if (Sim()) {
+    EXPECT_EQ(Mappings(*importer), 1);
+  }
+  const std::string report = ExitLog(&importer);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_moved"), 2u);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 0u);
+}
+
+TEST_F(ZoneAnchors, AnOpenThatFillsTheStretchDropsTheAnchor) {
+  auto importer = Peer("importer", "1", kSmallSlots);
+  const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 6));
+  uint64_t ptr = OpenChecked(*importer, a, kChunk, 6);
+  ASSERT_EQ(ptr, kZoneBase);
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  ASSERT_EQ(exporter_->Call("free_vmm a"), "ok");
+  // d: the whole 8 MiB (the arena gives a's space back): no spot is left for the anchor.
+  const std::string d = Handle(*exporter_, VmmBuffer(*exporter_, "d", 4, 7));
+  ptr = OpenChecked(*importer, d, 4 * kChunk, 7);
+  ASSERT_EQ(ptr, kZoneBase) << "the exporter's arena placed d elsewhere";
+  if (Sim()) {
+    EXPECT_EQ(Mappings(*importer), 4);
+  }
+  // Its close finds no spot either (its chunks are still mapped while it looks).
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  if (Sim()) {
+    EXPECT_EQ(Mappings(*importer), 0);
+  }
+  const std::string report = ExitLog(&importer);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 1u);
+}
+
+TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
+  auto importer = Peer("importer", "1", {{"VMMIPC_ZONE_ANCHORS", "0"}, {"VMMIPC_STATS", "1"}});
+  const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 8));
+  const Resources before = Held(*importer);
+  for (int round = 0; round < 2; ++round) {
+    const uint64_t ptr = OpenChecked(*importer, handle, 2 * kChunk, 8);
+    EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  }
+  if (Sim()) {
+    Resources after = Held(*importer);
+    after.reservations = before.reservations;
+    EXPECT_EQ(after, before);
+  }
+  const std::string report = ExitLog(&importer);
+  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 0u) << report;
+}
+
+}  // namespace
+}  // namespace vmmipc::testing
