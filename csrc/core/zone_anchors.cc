@@ -138,7 +138,7 @@ void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk
       anchors.Set(key, {*spot, memory->size, device});
     });
     stats::Count(stats::Counter::kZoneAnchorsMapped);
-    VMMIPC_LOG_DEBUG("zone anchors: kept the page tables of 0x{:x}+1 GiB (slot {}) at 0x{:x}",
+    VMMIPC_LOG_DEBUG("zone anchors: kept the page tables of 0x{:x}+512 MiB (slot {}) at 0x{:x}",
                      key.stretch, key.slot, *spot);
   }
 }
@@ -190,7 +190,7 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
       return false;
     }
     stats::Count(moved ? stats::Counter::kZoneAnchorsMoved : stats::Counter::kZoneAnchorsDropped);
-    VMMIPC_LOG_DEBUG("zone anchors: an open needs 0x{:x}; the anchor of 0x{:x}+1 GiB {} 0x{:x}",
+    VMMIPC_LOG_DEBUG("zone anchors: an open needs 0x{:x}; the anchor of 0x{:x}+512 MiB {} 0x{:x}",
                      anchor->address, key.stretch, moved ? "moved to" : "dropped, was at",
                      moved ? moved_to : anchor->address);
   }

@@ -1,13 +1,15 @@
 // ZoneAnchors: the import zone's page-table anchors, bookkeeping only.
 //
-// The driver frees a GPU's page tables of a 1 GiB stretch of address space
-// with the last mapping in it, and the next cuMemSetAccess there builds them
-// again: ~25 us more per open on an H200 (driver 580; a mapping of anything
-// elsewhere in the same 1 GiB keeps them). Imported chunks land in the zone
-// at their exporter's offsets, usually alone in their 1 GiB, so every open
-// after the last close of a stretch paid that. An anchor is one small mapping
-// of the importer's own memory that core leaves in a stretch a close emptied,
-// placed where no imported chunk lies; an open that needs its spot moves it.
+// The driver frees a GPU's page table of a 512 MiB stretch of address space
+// with the last mapping in it, and the next cuMemSetAccess there builds it
+// again: 15-25 us more per open on an H200 (driver 580), ~10 us of it for
+// the table above (256 GiB), which the stretch's mapping keeps too; a mapping
+// of anything elsewhere in the same 512 MiB keeps them. Imported chunks land
+// in the zone at their exporter's offsets, often alone in their 512 MiB, so
+// every open after the last close of a stretch paid that. An anchor is one
+// small mapping of the importer's own memory that core leaves in a stretch a
+// close emptied, placed where no imported chunk lies; an open that needs its
+// spot moves it.
 // Keyed by stretch and rank slot: a stretch is anchored within one slot's
 // range only, so the slot's placement lock covers everything done to it.
 // Not thread-safe: core locks (ImportSide).
@@ -22,9 +24,11 @@
 
 namespace vmmipc::state {
 
-// The stretch whose page tables one anchor keeps (measured on an H200: a
-// mapping 64 MiB away keeps them, one 1 GiB away does not).
-inline constexpr uint64_t kAnchorStretch = 1ull << 30;
+// The stretch whose page table one anchor keeps: 256 entries of 2 MiB, the
+// GPU MMU's lowest directory for 2 MiB pages (measured on an H200: a mapping
+// 254 MiB above a chunk at offset 256 MiB of a stretch keeps it, one 258 MiB
+// above does not).
+inline constexpr uint64_t kAnchorStretch = 512ull << 20;
 
 struct AnchorKey {
   uint64_t stretch = 0;  // kAnchorStretch-aligned address

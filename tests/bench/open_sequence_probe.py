@@ -54,11 +54,14 @@ VARIANTS = {
     "fresh_zone": ("fresh", 8 * TiB, ZONE, TiB + (256 << 20), True, None),
     "zone_anchor_2m": ("kept", 8 * TiB, ZONE, 2 * TiB + (256 << 20), True, 2 << 20),
     "zone_anchor_64m": ("kept", 8 * TiB, ZONE, 3 * TiB + (256 << 20), True, 64 << 20),
+    "zone_anchor_254m": ("kept", 8 * TiB, ZONE, 6 * TiB + (256 << 20), True, 254 << 20),
+    "zone_anchor_258m": ("kept", 8 * TiB, ZONE, 7 * TiB + (256 << 20), True, 258 << 20),
     "zone_anchor_1g": ("kept", 8 * TiB, ZONE, 4 * TiB + (256 << 20), True, GiB),
     "zone_anchor_64g": ("kept", 8 * TiB, ZONE, 5 * TiB + (256 << 20), True, 64 * GiB),
 }
 DEFAULT = ("floor,release_first,fresh,r1g,r64g,r1t,r1t_fixed,r8t_auto,zone,zone_start,"
-           "fresh_zone,zone_anchor_2m,zone_anchor_64m,zone_anchor_1g,zone_anchor_64g")
+           "fresh_zone,zone_anchor_2m,zone_anchor_64m,zone_anchor_254m,zone_anchor_258m,"
+           "zone_anchor_1g,zone_anchor_64g")
 
 
 def ok(result, what):

@@ -11,15 +11,17 @@ namespace vmmipc::state {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kStretch = 512ull << 20;  // kAnchorStretch
 constexpr uint64_t kGiB = 1ull << 30;
 constexpr uint64_t kZone = 0x300000000000ull;
 
-TEST(ZoneAnchors, StretchesOfARangeAreTheGiBsItTouches) {
+TEST(ZoneAnchors, StretchesOfARangeAreThe512MiBsItTouches) {
+  EXPECT_EQ(kAnchorStretch, kStretch);
   EXPECT_TRUE(StretchesOf(kZone, kZone).empty());
   EXPECT_EQ(StretchesOf(kZone, kZone + 2 * kMiB), std::vector<uint64_t>{kZone});
-  EXPECT_EQ(StretchesOf(kZone + kGiB - 2 * kMiB, kZone + kGiB + 2 * kMiB),
-            (std::vector<uint64_t>{kZone, kZone + kGiB}));
-  EXPECT_EQ(StretchesOf(kZone + 5 * kMiB, kZone + 3 * kGiB).size(), 3u);
+  EXPECT_EQ(StretchesOf(kZone + kStretch - 2 * kMiB, kZone + kStretch + 2 * kMiB),
+            (std::vector<uint64_t>{kZone, kZone + kStretch}));
+  EXPECT_EQ(StretchesOf(kZone + 5 * kMiB, kZone + 3 * kGiB).size(), 6u);
   // The top of the address space does not wrap.
   EXPECT_EQ(StretchesOf(UINT64_MAX - kMiB, UINT64_MAX).size(), 1u);
 }
@@ -31,20 +33,20 @@ TEST(ZoneAnchors, AStretchIsCutToItsSlot) {
   EXPECT_EQ(part.end, slot.end);
   const Span whole = StretchInSlot(kZone + kGiB, {kZone, kZone + 4 * kGiB});
   EXPECT_EQ(whole.begin, kZone + kGiB);
-  EXPECT_EQ(whole.end, kZone + 2 * kGiB);
+  EXPECT_EQ(whole.end, kZone + kGiB + kStretch);
   const Span none = StretchInSlot(kZone + 2 * kGiB, slot);  // outside the slot: empty
   EXPECT_EQ(none.begin, none.end);
 }
 
 TEST(ZoneAnchors, FreeSpotIsTheHighestAlignedGapOrNone) {
-  const Span stretch{kZone, kZone + kGiB};
-  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {}), kZone + kGiB - 2 * kMiB);
+  const Span stretch{kZone, kZone + kStretch};
+  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {}), kZone + kStretch - 2 * kMiB);
   // The top is taken: just below it.
-  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {{kZone + kGiB - 6 * kMiB, kZone + kGiB}}),
-            kZone + kGiB - 8 * kMiB);
+  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {{kZone + kStretch - 6 * kMiB, kZone + kStretch}}),
+            kZone + kStretch - 8 * kMiB);
   // An unaligned busy range pushes the spot to the aligned address below it.
-  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {{kZone + kGiB - 3 * kMiB, kZone + kGiB}}),
-            kZone + kGiB - 6 * kMiB);
+  EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {{kZone + kStretch - 3 * kMiB, kZone + kStretch}}),
+            kZone + kStretch - 6 * kMiB);
   // Several busy ranges, in any order: the gap between them.
   EXPECT_EQ(FreeSpot({kZone, kZone + 8 * kMiB}, 2 * kMiB,
                      {{kZone + 6 * kMiB, kZone + 8 * kMiB},
