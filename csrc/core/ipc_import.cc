@@ -366,10 +366,11 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   if (fetched.watch.fd.valid()) KeepWatch(state, h.pid, h.instance, std::move(fetched.watch));
   *pointer = record.pointer;
   VMMIPC_LOG_DEBUG(
-      "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us, "
-      "place {} us, map {} us (import_map {} us, set_access {} us)",
-      h.address, h.pid, record.pointer, record.chunks.size(), mapped_now.size(), fetch_us, place_us,
-      MicrosSince(map_start), import_and_map_us, MicrosSince(map_start) - import_and_map_us);
+      "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
+      "(connect {} us, answer {} us), place {} us, map {} us (import_map {} us, set_access {} us)",
+      h.address, h.pid, record.pointer, record.chunks.size(), mapped_now.size(), fetch_us,
+      fetched.connect_us, fetched.answer_us, place_us, MicrosSince(map_start), import_and_map_us,
+      MicrosSince(map_start) - import_and_map_us);
   return CUDA_SUCCESS;
 }
 

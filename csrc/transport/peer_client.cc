@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/log.h"
 #include "common/syscall.h"
@@ -77,6 +78,8 @@ const char* FetchStatusName(FetchStatus status) {
 }
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) try {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   const int timeout_ms = std::max(options.timeout_ms, 1);
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   const uint32_t my_uid = ::geteuid();
@@ -103,6 +106,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
     }
     return IoFailure(io, "connecting", address, timeout_ms);
   }
+  const auto connected = Clock::now();
 
   // Check who holds the name before saying anything to it: another user's
   // process squatting it gets not even our request.
@@ -259,6 +263,11 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   result.status = FetchStatus::kOk;
   result.verified = true;
   result.chunks = std::move(chunks);
+  const auto Micros = [](Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  };
+  result.connect_us = Micros(connected - start);
+  result.answer_us = Micros(Clock::now() - connected);
   if (options.watch) {
     // The answer verified: this connection is the exporter's. Kept for its events.
     result.watch.fd = std::move(sock);

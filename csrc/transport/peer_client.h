@@ -79,6 +79,10 @@ struct FetchResult {
   std::string detail;              // one human sentence for the log line
   std::vector<ChunkGrant> chunks;  // when status == kOk, in address order
   WatchConnection watch;           // when status == kOk and options.watch
+  // Where the exchange's time went, for the open's debug line (kOk only):
+  // socket and connect, then the request sent until the answer is in hand.
+  int64_t connect_us = 0;
+  int64_t answer_us = 0;
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);
