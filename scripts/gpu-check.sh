@@ -353,7 +353,8 @@ step_all_to_all() {
 # The driver's own floor under concurrency (tests/bench/concurrent_import_floor.py, no vmmipc):
 # N=2 processes on GPU 0 open 64 of each other's 2 MiB chunks with every fd in hand, beside legacy
 # IPC, alone, together and while exporting (docs/benchmarks.md): what the all-to-all's N=2 ratio
-# can be at best. SKIP without cuda.bindings.
+# can be at best. Then tests/bench/open_sequence_probe.py: one open's driver calls in variants
+# (where the mapping lies, what else is mapped near it). SKIP without cuda.bindings.
 step_floor() {
   banner "the driver's import floor under concurrency"
   local log="$OUTDIR/floor.log" t0 rc ratios
@@ -369,6 +370,15 @@ step_floor() {
   ratios=$(grep -E '^RATIO ' "$log" | sed -E 's/^RATIO ([a-z]+): .* = /\1 /' | tr '\n' ',' | sed 's/,$//; s/,/, /g')
   record "driver floor" "$(status_result $rc)" \
     "vmm floor / legacy open p50, N=2 one GPU: ${ratios:-no RATIO lines}; floor.log (exit $rc)" \
+    $(($(now) - t0))
+  # What the import zone's page-table anchors save (tests/bench/open_sequence_probe.py).
+  t0=$(now)
+  log="$OUTDIR/open-sequence.log"
+  run_logged "$log" "$(step_limit 60)" env LD_PRELOAD= python3 tests/bench/open_sequence_probe.py \
+    --iters 120
+  rc=$?
+  record "open sequence" "$(status_result $rc)" \
+    "$(grep -E '^SET_ACCESS ' "$log" | sed 's/^SET_ACCESS //' || echo 'no SET_ACCESS line'); open-sequence.log (exit $rc)" \
     $(($(now) - t0))
 }
 

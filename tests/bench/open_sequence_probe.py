@@ -247,6 +247,13 @@ def main():
             cells.append(f"{statistics.median(v) * 1e6:.1f} / {v[int(len(v) * 0.9)] * 1e6:.1f}"
                          if v else "")
         print(f"| {variant} | {describe(variant, targets)} | " + " | ".join(cells) + " |")
+    # The line scripts/gpu-check.sh shows: what an empty 512 MiB stretch costs set access.
+    access = {v: statistics.median(times[v]["access"]) * 1e6 for v in args.variants
+              if times[v].get("access")}
+    if all(v in access for v in ("floor", "zone", "zone_anchor_254m")):
+        print(f"SET_ACCESS p50: floor {access['floor']:.1f} us, zone (empty stretch) "
+              f"{access['zone']:.1f} us, zone with an anchor in the stretch "
+              f"{access['zone_anchor_254m']:.1f} us")
     return 1 if failed else 0
 
 
