@@ -196,19 +196,22 @@ IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
   // sends: a short control buffer would make the kernel drop fds silently.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   while (true) {
-    if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
     iovec iov{buffer.data(), buffer.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
+    // Try first, wait only when nothing is queued: after a PeekMessage the
+    // message is there, and a poll first would be one more syscall per open.
     // MSG_CMSG_CLOEXEC: the received fds are CLOEXEC from birth, so a
     // concurrent fork+exec elsewhere in the host process cannot inherit them.
     const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;  // EAGAIN: woken without data
-      return FromErrno(errno);
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return FromErrno(errno);
+      if (IoResult r = WaitFor(fd, POLLIN, deadline, stop_fd); !r.ok()) return r;
+      continue;
     }
     CollectFds(&msg, &out->fds);
     out->truncated = (msg.msg_flags & MSG_TRUNC) != 0;
