@@ -38,41 +38,16 @@ import time
 
 from cuda.bindings import driver as drv
 
-
-def ok(result, what):
-    err = result[0] if isinstance(result, tuple) else result
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what}: {err.name}")
-    return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-
-
-def vmm_prop(device):
-    prop = drv.CUmemAllocationProp()
-    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = device
-    prop.requestedHandleTypes = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    return prop
-
-
-def access_desc(device):
-    desc = drv.CUmemAccessDesc()
-    desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    desc.location.id = device
-    desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    return desc
+from driver_calls import FD_TYPE, access_desc, ok, primary_context, vmm_prop
 
 
 def rank_main(rank, args, socks, barrier, results):
-    ok(drv.cuInit(0), "cuInit")
     device = rank % args.gpus
-    dev = ok(drv.cuDeviceGet(device), "cuDeviceGet")
-    ctx = ok(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    ok(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    ctx = primary_context(device)
     size = args.chunk_mib << 20
     prop = vmm_prop(device)
     desc = access_desc(device)
-    fd_type = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    fd_type = FD_TYPE
     out = {}
     for rep in range(args.reps):
         # Own memory: K VMM chunks (mapped, exported once) and K cuMemAlloc buffers.

@@ -33,7 +33,8 @@ import time
 
 from cuda.bindings import driver as drv
 
-FD_TYPE = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+from driver_calls import FD_TYPE, access_desc, ok, primary_context, vmm_prop
+
 GiB = 1 << 30
 TiB = 1 << 40
 ZONE = 0x300000000000
@@ -64,36 +65,10 @@ DEFAULT = ("floor,release_first,fresh,r1g,r64g,r1t,r1t_fixed,r8t_auto,zone,zone_
            "zone_anchor_1g,zone_anchor_64g")
 
 
-def ok(result, what):
-    err = result[0] if isinstance(result, tuple) else result
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what}: {err.name}")
-    return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-
-
-def context(device):
-    ok(drv.cuInit(0), "cuInit")
-    dev = ok(drv.cuDeviceGet(device), "cuDeviceGet")
-    ctx = ok(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    ok(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-
-
-def access_desc(device):
-    desc = drv.CUmemAccessDesc()
-    desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    desc.location.id = device
-    desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    return desc
-
-
 def exporter_main(args, sock, done):
-    context(args.device)
+    primary_context(args.device)
     size = args.chunk_mib << 20
-    prop = drv.CUmemAllocationProp()
-    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = args.device
-    prop.requestedHandleTypes = FD_TYPE
+    prop = vmm_prop(args.device)
     count = 1 + args.fresh * args.iters  # the kept chunk, then one per fresh open
     va = ok(drv.cuMemAddressReserve(size * count, 0, 0, 0), "reserve")
     handles, fds = [], []
@@ -117,7 +92,7 @@ def exporter_main(args, sock, done):
 
 
 def importer_main(args, sock, done, results):
-    context(args.device)
+    primary_context(args.device)
     size = args.chunk_mib << 20
     desc = access_desc(args.device)
     raw = b""
@@ -133,10 +108,7 @@ def importer_main(args, sock, done, results):
     kept_fd, fresh = fds[0], iter(fds[1:])
     # One reservation per (size, address): variants that share one share it.
     ranges, targets, anchors = {}, {}, []
-    prop = drv.CUmemAllocationProp()
-    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = args.device
+    prop = vmm_prop(args.device, exportable=False)
     for name in args.variants:
         _, reserve, fixed, offset, _, anchor = VARIANTS[name]
         if (reserve, fixed) not in ranges:

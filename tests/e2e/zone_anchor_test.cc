@@ -49,6 +49,23 @@ class ZoneAnchors : public LoggedPeerTest {
 
   long Mappings(PeerProcess& p) { return Held(p).mappings; }
 
+  // Opens `handle`, checks its bytes, expects it at `at`, closes it.
+  void OpenAtAndClose(PeerProcess& importer, const std::string& handle, uint64_t size, int seed,
+                      uint64_t at) {
+    const uint64_t ptr = OpenChecked(importer, handle, size, seed);
+    EXPECT_EQ(ptr, at) << "the exporter's arena placed the buffer elsewhere";
+    EXPECT_EQ(importer.Call("close " + Hex(ptr)), "ok");
+  }
+
+  // Ends the importer and checks its VMMIPC_STATS anchor counters.
+  void ExpectAnchorCounters(std::unique_ptr<PeerProcess>* importer, uint64_t mapped, uint64_t moved,
+                            uint64_t dropped) {
+    const std::string report = ExitLog(importer);
+    EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), mapped) << report;
+    EXPECT_EQ(StatsCounter(report, "zone_anchors_moved"), moved);
+    EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), dropped);
+  }
+
   std::unique_ptr<PeerProcess> exporter_;
 };
 
@@ -69,50 +86,38 @@ TEST_F(ZoneAnchors, TheLastCloseLeavesOneAnchorThatLaterOpensKeep) {
     after.reservations = before.reservations;  // the zone, made by the first open
     EXPECT_EQ(after, WithAnchors(before, 1));
   }
-  const std::string report = ExitLog(&importer);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_moved"), 0u);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 0u);
+  ExpectAnchorCounters(&importer, 1, 0, 0);
 }
 
 TEST_F(ZoneAnchors, AnOpenWhereTheAnchorLiesMovesItWithinTheStretch) {
   auto importer = Peer("importer", "1", kSmallSlots);
   // a: one chunk at the slot's offset 0; its close anchors the top of the slot's 8 MiB.
   const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 4));
-  uint64_t ptr = OpenChecked(*importer, a, kChunk, 4);
-  ASSERT_EQ(ptr, kZoneBase);
-  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  ASSERT_NO_FATAL_FAILURE(OpenAtAndClose(*importer, a, kChunk, 4, kZoneBase));
   // b: three chunks right after a, up to the top: over the anchor, which moves to offset 0.
   const std::string b = Handle(*exporter_, VmmBuffer(*exporter_, "b", 3, 5));
-  ptr = OpenChecked(*importer, b, 3 * kChunk, 5);
+  const uint64_t ptr = OpenChecked(*importer, b, 3 * kChunk, 5);
   ASSERT_EQ(ptr, kZoneBase + 2 * kMiB) << "the exporter's arena placed b elsewhere";
   if (Sim()) {
     EXPECT_EQ(Mappings(*importer), 4);
   }
   EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
   // a again, now where the anchor went: it moves back up.
-  ptr = OpenChecked(*importer, a, kChunk, 4);
-  EXPECT_EQ(ptr, kZoneBase);
-  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  OpenAtAndClose(*importer, a, kChunk, 4, kZoneBase);
   if (Sim()) {
     EXPECT_EQ(Mappings(*importer), 1);
   }
-  const std::string report = ExitLog(&importer);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_moved"), 2u);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 0u);
+  ExpectAnchorCounters(&importer, 1, 2, 0);
 }
 
 TEST_F(ZoneAnchors, AnOpenThatFillsTheStretchDropsTheAnchor) {
   auto importer = Peer("importer", "1", kSmallSlots);
   const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 6));
-  uint64_t ptr = OpenChecked(*importer, a, kChunk, 6);
-  ASSERT_EQ(ptr, kZoneBase);
-  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  ASSERT_NO_FATAL_FAILURE(OpenAtAndClose(*importer, a, kChunk, 6, kZoneBase));
   ASSERT_EQ(exporter_->Call("free_vmm a"), "ok");
   // d: the whole 8 MiB (the arena gives a's space back): no spot is left for the anchor.
   const std::string d = Handle(*exporter_, VmmBuffer(*exporter_, "d", 4, 7));
-  ptr = OpenChecked(*importer, d, 4 * kChunk, 7);
+  const uint64_t ptr = OpenChecked(*importer, d, 4 * kChunk, 7);
   ASSERT_EQ(ptr, kZoneBase) << "the exporter's arena placed d elsewhere";
   if (Sim()) {
     EXPECT_EQ(Mappings(*importer), 4);
@@ -122,9 +127,7 @@ TEST_F(ZoneAnchors, AnOpenThatFillsTheStretchDropsTheAnchor) {
   if (Sim()) {
     EXPECT_EQ(Mappings(*importer), 0);
   }
-  const std::string report = ExitLog(&importer);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 1u) << report;
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_dropped"), 1u);
+  ExpectAnchorCounters(&importer, 1, 0, 1);
 }
 
 TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
@@ -140,8 +143,7 @@ TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
     after.reservations = before.reservations;
     EXPECT_EQ(after, before);
   }
-  const std::string report = ExitLog(&importer);
-  EXPECT_EQ(StatsCounter(report, "zone_anchors_mapped"), 0u) << report;
+  ExpectAnchorCounters(&importer, 0, 0, 0);
 }
 
 }  // namespace
