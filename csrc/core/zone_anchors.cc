@@ -178,17 +178,19 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
       }
     }
     const CUresult unmapped = VMMIPC_REAL(MemUnmap, anchor->address, anchor->size);
-    state.importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
-      if (moved)
-        anchors.Set(key, {moved_to, anchor->size, anchor->device});
-      else if (unmapped == CUDA_SUCCESS)
-        anchors.Clear(key);
-    });
     if (unmapped != CUDA_SUCCESS) {
+      // The old anchor stays where it is, and in the table; the new one goes.
+      if (moved) (void)VMMIPC_REAL(MemUnmap, moved_to, anchor->size);
       VMMIPC_LOG_WARN("zone anchors: cuMemUnmap(0x{:x}, 0x{:x}) of an anchor failed: {}",
                       anchor->address, anchor->size, driver::ErrorName(unmapped));
       return false;
     }
+    state.importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
+      if (moved)
+        anchors.Set(key, {moved_to, anchor->size, anchor->device});
+      else
+        anchors.Clear(key);
+    });
     stats::Count(moved ? stats::Counter::kZoneAnchorsMoved : stats::Counter::kZoneAnchorsDropped);
     VMMIPC_LOG_DEBUG("zone anchors: an open needs 0x{:x}; the anchor of 0x{:x}+512 MiB {} 0x{:x}",
                      anchor->address, key.stretch, moved ? "moved to" : "dropped, was at",

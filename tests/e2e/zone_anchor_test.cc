@@ -146,5 +146,71 @@ TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
   ExpectAnchorCounters(&importer, 0, 0, 0);
 }
 
+// --- failures: an anchor only saves time, so none of these fails an open or a close ---
+
+TEST_F(ZoneAnchors, NoMemoryForAnchorsLeavesOpensWorkingAndIsNotTriedAgain) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
+  const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 9));
+  // The importer's first cuMemCreate is the anchors' memory.
+  ASSERT_EQ(importer->Call("inject cuMemCreate 1 " +
+                           std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
+            "ok");
+  for (int round = 0; round < 2; ++round) {
+    OpenAtAndClose(*importer, handle, 2 * kChunk, 9, kZoneBase);
+    EXPECT_EQ(Mappings(*importer), 0);
+    EXPECT_EQ(Held(*importer).allocations, 0);
+  }
+  EXPECT_NE(Log(*importer).find("zone anchors: no memory on device 0 for them "
+                                "(CUDA_ERROR_OUT_OF_MEMORY)"),
+            std::string::npos);
+  ExpectAnchorCounters(&importer, 0, 0, 0);
+}
+
+TEST_F(ZoneAnchors, AnAnchorWhoseAccessFailsIsUnmappedAndTheNextCloseTriesAgain) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
+  const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 10));
+  // The open's cuMemSetAccess is the first, the anchor's the second.
+  ASSERT_EQ(importer->Call("inject cuMemSetAccess 2 " +
+                           std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
+            "ok");
+  OpenAtAndClose(*importer, handle, 2 * kChunk, 10, kZoneBase);
+  EXPECT_EQ(Mappings(*importer), 0);  // the anchor's mapping went with its failed access
+  OpenAtAndClose(*importer, handle, 2 * kChunk, 10, kZoneBase);
+  EXPECT_EQ(Mappings(*importer), 1);
+  ExpectAnchorCounters(&importer, 1, 0, 0);
+}
+
+TEST_F(ZoneAnchors, AnAnchorThatCannotBeUnmappedFailsTheOpenOverItAndStays) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto importer = Peer("importer", "1", kSmallSlots);
+  const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 11));
+  ASSERT_NO_FATAL_FAILURE(OpenAtAndClose(*importer, a, kChunk, 11, kZoneBase));
+  const std::string b = Handle(*exporter_, VmmBuffer(*exporter_, "b", 3, 12));
+  // b lies over the anchor: the anchor is mapped anew below, then its old
+  // mapping is unmapped, the call that fails here.
+  ASSERT_EQ(importer->Call("inject cuMemUnmap 1 " +
+                           std::to_string(static_cast<int>(CUDA_ERROR_INVALID_VALUE))),
+            "ok");
+  const Resources before = Held(*importer);
+  EXPECT_TRUE(StartsWith(importer->Call("open " + b), ErrPrefix(CUDA_ERROR_MAP_FAILED)));
+  EXPECT_NE(Log(*importer).find("of an anchor failed: CUDA_ERROR_INVALID_VALUE"),
+            std::string::npos);
+  EXPECT_EQ(Held(*importer), before);  // the old anchor, nothing more
+  // Without the injection the same open moves the anchor and works.
+  const uint64_t ptr = OpenChecked(*importer, b, 3 * kChunk, 12);
+  EXPECT_EQ(ptr, kZoneBase + 2 * kMiB);
+  EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
+  EXPECT_EQ(Mappings(*importer), 1);
+  ExpectAnchorCounters(&importer, 1, 1, 0);
+}
+
 }  // namespace
 }  // namespace vmmipc::testing
