@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "config/params.h"
 #include "core/export_ahead.h"
@@ -158,7 +158,7 @@ transport::ServeReply ServeRun(const transport::ServeRequest& request) {
 
 // Called by the listener for every authenticated request.
 transport::ServeReply Serve(const transport::ServeRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = SteadyClock::now();
   transport::ServeReply reply = ServeRun(request);
   if (reply.refuse != transport::RefuseReason::kNone) {
     reply.chunks.clear();  // nothing of a refused request is sent (counted when sent)
@@ -167,10 +167,7 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
   stats::Count(stats::Counter::kRequestsServed);
   stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
   VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address, request.peer_pid,
-                   reply.chunks.size(),
-                   std::chrono::duration_cast<std::chrono::microseconds>(
-                       std::chrono::steady_clock::now() - start)
-                       .count());
+                   reply.chunks.size(), MicrosSince(start));
   return reply;
 }
 

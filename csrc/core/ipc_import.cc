@@ -2,11 +2,11 @@
 // chunk fds from the exporter, map them at deterministic addresses) and
 // cuIpcCloseMemHandle (the last close unmaps). Foreign handles and pointers
 // go to the real driver unchanged.
-#include <chrono>
 #include <cinttypes>
 #include <mutex>
 #include <optional>
 
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "config/params.h"
 #include "core/follow.h"
@@ -22,11 +22,6 @@
 
 namespace vmmipc::core {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-int64_t MicrosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-}
 
 CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
                      bool v2) {
@@ -250,7 +245,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
 
   // The exchange with the exporter holds no lock: a stopped or slow exporter
   // delays only the opens of its own handles, each bounded by the timeout.
-  const auto fetch_start = Clock::now();
+  const auto fetch_start = SteadyClock::now();
   const config::Params& params = config::Get();
   transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
                                   h.chunk_size, h.region_base, h.generation, h.rank_slot};
@@ -277,11 +272,11 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   // Another thread may have opened the same handle while we fetched (the
   // fetched fds then close unused).
   if (Reopened(state, key, pointer)) return CUDA_SUCCESS;
-  const auto place_start = Clock::now();
+  const auto place_start = SteadyClock::now();
   Placement placement;
   VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
   const int64_t place_us = MicrosSince(place_start);
-  const auto map_start = Clock::now();
+  const auto map_start = SteadyClock::now();
   const uint64_t run_base = fetched.chunks.front().address;
   const state::ExporterId exporter{h.pid, h.instance};
   state::OpenRecord record;

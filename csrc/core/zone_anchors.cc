@@ -17,38 +17,10 @@ namespace vmmipc::core {
 namespace {
 
 using state::AnchorKey;
+using state::AnchorKeysOf;
+using state::SlotSpan;
 using state::Span;
-
-// The part of the zone that slot `slot` covers.
-Span SlotSpan(const state::ZoneLayout& zone, uint32_t slot) {
-  const uint64_t begin = zone.base + static_cast<uint64_t>(slot) * zone.slot_size;
-  return {begin, begin + zone.slot_size};
-}
-
-std::optional<uint32_t> SlotAt(const state::ZoneLayout& zone, uint64_t address) {
-  if (!zone.Contains(address)) return std::nullopt;
-  return static_cast<uint32_t>((address - zone.base) / zone.slot_size);
-}
-
-// The (stretch, slot) keys that `chunks` touch inside slot `slot`.
-std::set<AnchorKey> KeysOf(const state::ZoneLayout& zone, uint32_t slot,
-                           const std::vector<state::MappedChunk>& chunks) {
-  std::set<AnchorKey> keys;
-  const Span slot_span = SlotSpan(zone, slot);
-  for (const state::MappedChunk& chunk : chunks) {
-    const uint64_t begin = std::max(chunk.target, slot_span.begin);
-    const uint64_t end = std::min(chunk.target + chunk.size, slot_span.end);
-    for (uint64_t stretch : state::StretchesOf(begin, end)) keys.insert({stretch, slot});
-  }
-  return keys;
-}
-
-std::vector<Span> SpansOf(const std::vector<state::MappedChunk>& chunks) {
-  std::vector<Span> spans;
-  spans.reserve(chunks.size());
-  for (const state::MappedChunk& c : chunks) spans.push_back({c.target, c.target + c.size});
-  return spans;
-}
+using state::SpansOf;
 
 // The smallest allocation the device allows (2 MiB on an H200), made once.
 bool MakeAnchorMemory(int32_t device, ImportSide::AnchorMemory* memory) {
@@ -106,9 +78,9 @@ void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk
   if (!zone) return;
   std::set<AnchorKey> keys;
   for (const state::MappedChunk& chunk : chunks) {
-    const std::optional<uint32_t> slot = SlotAt(*zone, chunk.target);
+    const std::optional<uint32_t> slot = zone->SlotAt(chunk.target);
     if (!slot || chunk.paused || chunk.device < 0) continue;
-    keys.merge(KeysOf(*zone, *slot, {chunk}));
+    keys.merge(AnchorKeysOf(*zone, *slot, {chunk}));
   }
   const std::vector<Span> unmapping = SpansOf(chunks);
   for (const AnchorKey& key : keys) {
@@ -149,7 +121,7 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
   const std::optional<state::ZoneLayout> zone = state.importer.ReservedZone();
   if (!zone || slot >= zone->slots) return true;
   const std::vector<Span> mapping = SpansOf(chunks);
-  for (const AnchorKey& key : KeysOf(*zone, slot, chunks)) {
+  for (const AnchorKey& key : AnchorKeysOf(*zone, slot, chunks)) {
     const Span within = state::StretchInSlot(key.stretch, SlotSpan(*zone, slot));
     std::optional<state::Anchor> anchor;
     std::vector<Span> busy;

@@ -10,7 +10,7 @@ std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, u
     return std::nullopt;
   const uint64_t offset = address - region_base;
   if (offset >= zone.slot_size || size > zone.slot_size - offset) return std::nullopt;
-  return zone.base + rank_slot * zone.slot_size + offset;
+  return zone.SlotBase(rank_slot) + offset;
 }
 
 }  // namespace vmmipc::state

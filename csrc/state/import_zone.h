@@ -19,6 +19,13 @@ struct ZoneLayout {
   bool Contains(uint64_t address) const {
     return base != 0 && address >= base && address - base < size();
   }
+  // Where slot `slot` (< slots) begins.
+  uint64_t SlotBase(uint32_t slot) const { return base + static_cast<uint64_t>(slot) * slot_size; }
+  // The slot that holds `address`; nullopt outside the zone.
+  std::optional<uint32_t> SlotAt(uint64_t address) const {
+    if (!Contains(address)) return std::nullopt;
+    return static_cast<uint32_t>((address - base) / slot_size);
+  }
 };
 
 // The importer address for [address, address + size) of an exporter with

@@ -33,6 +33,29 @@ Span StretchInSlot(uint64_t stretch, const Span& slot_span) {
   return part;
 }
 
+Span SlotSpan(const ZoneLayout& zone, uint32_t slot) {
+  return {zone.SlotBase(slot), zone.SlotBase(slot) + zone.slot_size};
+}
+
+std::set<AnchorKey> AnchorKeysOf(const ZoneLayout& zone, uint32_t slot,
+                                 const std::vector<MappedChunk>& chunks) {
+  std::set<AnchorKey> keys;
+  const Span slot_span = SlotSpan(zone, slot);
+  for (const MappedChunk& chunk : chunks) {
+    const uint64_t begin = std::max(chunk.target, slot_span.begin);
+    const uint64_t end = std::min(chunk.target + chunk.size, slot_span.end);
+    for (uint64_t stretch : StretchesOf(begin, end)) keys.insert({stretch, slot});
+  }
+  return keys;
+}
+
+std::vector<Span> SpansOf(const std::vector<MappedChunk>& chunks) {
+  std::vector<Span> spans;
+  spans.reserve(chunks.size());
+  for (const MappedChunk& c : chunks) spans.push_back({c.target, c.target + c.size});
+  return spans;
+}
+
 std::optional<uint64_t> FreeSpot(const Span& within, uint64_t size, std::vector<Span> busy) {
   if (size == 0 || (size & (size - 1)) != 0 || within.end < within.begin ||
       within.end - within.begin < size)

@@ -19,8 +19,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
+
+#include "state/import_table.h"
+#include "state/import_zone.h"
 
 namespace vmmipc::state {
 
@@ -68,5 +72,15 @@ std::optional<uint64_t> FreeSpot(const Span& within, uint64_t size, std::vector<
 
 // The part of stretch `stretch` that lies in `slot_span`.
 Span StretchInSlot(uint64_t stretch, const Span& slot_span);
+
+// The zone's range of slot `slot`.
+Span SlotSpan(const ZoneLayout& zone, uint32_t slot);
+
+// The anchor keys of the stretches that `chunks` touch inside slot `slot`.
+std::set<AnchorKey> AnchorKeysOf(const ZoneLayout& zone, uint32_t slot,
+                                 const std::vector<MappedChunk>& chunks);
+
+// The ranges `chunks` cover.
+std::vector<Span> SpansOf(const std::vector<MappedChunk>& chunks);
 
 }  // namespace vmmipc::state

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
@@ -78,8 +78,7 @@ const char* FetchStatusName(FetchStatus status) {
 }
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) try {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   const int timeout_ms = std::max(options.timeout_ms, 1);
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   const uint32_t my_uid = ::geteuid();
@@ -106,7 +105,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
     }
     return IoFailure(io, "connecting", address, timeout_ms);
   }
-  const auto connected = Clock::now();
+  const auto connected = SteadyClock::now();
 
   // Check who holds the name before saying anything to it: another user's
   // process squatting it gets not even our request.
@@ -263,11 +262,8 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   result.status = FetchStatus::kOk;
   result.verified = true;
   result.chunks = std::move(chunks);
-  const auto Micros = [](Clock::duration d) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  };
-  result.connect_us = Micros(connected - start);
-  result.answer_us = Micros(Clock::now() - connected);
+  result.connect_us = MicrosBetween(start, connected);
+  result.answer_us = MicrosSince(connected);
   if (options.watch) {
     // The answer verified: this connection is the exporter's. Kept for its events.
     result.watch.fd = std::move(sock);

@@ -1115,9 +1115,7 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   const Resources exporter_before = Held(*exporter);
 
   PeerProcess& side = std::string(in.side) == "importer" ? *importer : *exporter;
-  ASSERT_EQ(side.Call("inject " + std::string(in.function) + " " + std::to_string(in.nth) + " " +
-                      std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
-            "ok");
+  ASSERT_TRUE(Inject(side, in.function, static_cast<int>(in.nth), CUDA_ERROR_OUT_OF_MEMORY));
   const std::string result = importer->Call("open " + handle);
   EXPECT_TRUE(StartsWith(result, ErrPrefix(in.expected))) << result;
   EXPECT_NE(Log(side).find(in.log), std::string::npos) << in.log;
@@ -1177,7 +1175,7 @@ TEST_F(Fault, FailedBestEffortReservationFailsOpenAndLeavesNothing) {
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 2, 20));
   const Resources before = Held(*importer);
-  ASSERT_EQ(importer->Call("inject cuMemAddressReserve 1 2"), "ok");
+  ASSERT_TRUE(Inject(*importer, "cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY));
   EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_OUT_OF_MEMORY)));
   EXPECT_EQ(Held(*importer), before);
   OpenCheckClose(*importer, handle, 2 * kChunk, 20);

@@ -210,6 +210,13 @@ class LoggedPeerTest : public ::testing::Test {
     return r;
   }
 
+  // The simulated driver's `nth` next `function` call in `peer` fails with
+  // `code` (vmmipc_peer's `inject`).
+  static bool Inject(PeerProcess& peer, const std::string& function, int nth, CUresult code) {
+    return peer.Call("inject " + function + " " + std::to_string(nth) + " " +
+                     std::to_string(static_cast<int>(code))) == "ok";
+  }
+
   // `r` once `anchors` page-table anchors (VMMIPC_ZONE_ANCHORS) are left
   // where there were none: a mapping each, and the one allocation they share
   // (with an fd on the simulated driver, which backs memory with a memfd).

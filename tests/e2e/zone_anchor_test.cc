@@ -155,9 +155,7 @@ TEST_F(ZoneAnchors, NoMemoryForAnchorsLeavesOpensWorkingAndIsNotTriedAgain) {
   auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
   const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 9));
   // The importer's first cuMemCreate is the anchors' memory.
-  ASSERT_EQ(importer->Call("inject cuMemCreate 1 " +
-                           std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
-            "ok");
+  ASSERT_TRUE(Inject(*importer, "cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
   for (int round = 0; round < 2; ++round) {
     OpenAtAndClose(*importer, handle, 2 * kChunk, 9, kZoneBase);
     EXPECT_EQ(Mappings(*importer), 0);
@@ -176,9 +174,7 @@ TEST_F(ZoneAnchors, AnAnchorWhoseAccessFailsIsUnmappedAndTheNextCloseTriesAgain)
   auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
   const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 10));
   // The open's cuMemSetAccess is the first, the anchor's the second.
-  ASSERT_EQ(importer->Call("inject cuMemSetAccess 2 " +
-                           std::to_string(static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY))),
-            "ok");
+  ASSERT_TRUE(Inject(*importer, "cuMemSetAccess", 2, CUDA_ERROR_OUT_OF_MEMORY));
   OpenAtAndClose(*importer, handle, 2 * kChunk, 10, kZoneBase);
   EXPECT_EQ(Mappings(*importer), 0);  // the anchor's mapping went with its failed access
   OpenAtAndClose(*importer, handle, 2 * kChunk, 10, kZoneBase);
@@ -196,9 +192,7 @@ TEST_F(ZoneAnchors, AnAnchorThatCannotBeUnmappedFailsTheOpenOverItAndStays) {
   const std::string b = Handle(*exporter_, VmmBuffer(*exporter_, "b", 3, 12));
   // b lies over the anchor: the anchor is mapped anew below, then its old
   // mapping is unmapped, the call that fails here.
-  ASSERT_EQ(importer->Call("inject cuMemUnmap 1 " +
-                           std::to_string(static_cast<int>(CUDA_ERROR_INVALID_VALUE))),
-            "ok");
+  ASSERT_TRUE(Inject(*importer, "cuMemUnmap", 1, CUDA_ERROR_INVALID_VALUE));
   const Resources before = Held(*importer);
   EXPECT_TRUE(StartsWith(importer->Call("open " + b), ErrPrefix(CUDA_ERROR_MAP_FAILED)));
   EXPECT_NE(Log(*importer).find("of an anchor failed: CUDA_ERROR_INVALID_VALUE"),

@@ -15,16 +15,27 @@ TEST(ImportZone, SlotTimesStridePlusOffsetFromRegionBase) {
             kZone.base + 3 * kTiB + 0x200000);
 }
 
+TEST(ImportZone, SlotOfAnAddressAndWhereASlotBegins) {
+  EXPECT_EQ(kZone.SlotBase(0), kZone.base);
+  EXPECT_EQ(kZone.SlotBase(7), kZone.base + 7 * kTiB);
+  EXPECT_EQ(kZone.SlotAt(kZone.base), 0u);
+  EXPECT_EQ(kZone.SlotAt(kZone.base + 3 * kTiB - 1), 2u);
+  EXPECT_EQ(kZone.SlotAt(kZone.base + 3 * kTiB), 3u);
+  EXPECT_FALSE(kZone.SlotAt(kZone.base - 1));
+  EXPECT_FALSE(kZone.SlotAt(kZone.base + 8 * kTiB));
+  EXPECT_FALSE(ZoneLayout{}.SlotAt(0x1000));  // no zone
+}
+
 TEST(ImportZone, RangesOutsideTheSlotHaveNoTarget) {
-  EXPECT_FALSE(ZoneTarget(kZone, 8, 0, 0, 4096));                 // no such slot
-  EXPECT_FALSE(ZoneTarget(kZone, 0xFFFF, 0, 0, 4096));            // unranked
-  EXPECT_FALSE(ZoneTarget(kZone, 0, 0x2000, 0x1000, 4096));       // below the region
-  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, kTiB - 4096, 8192));       // runs past the slot
-  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, kTiB, 4096));              // starts past the slot
-  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, 0, 0));                    // empty
-  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, ~0ull - 10, ~0ull));       // wraps
-  EXPECT_TRUE(ZoneTarget(kZone, 7, 0, kTiB - 4096, 4096));        // the very last page
-  EXPECT_FALSE(ZoneTarget(ZoneLayout{}, 0, 0, 0, 4096));          // no zone
+  EXPECT_FALSE(ZoneTarget(kZone, 8, 0, 0, 4096));            // no such slot
+  EXPECT_FALSE(ZoneTarget(kZone, 0xFFFF, 0, 0, 4096));       // unranked
+  EXPECT_FALSE(ZoneTarget(kZone, 0, 0x2000, 0x1000, 4096));  // below the region
+  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, kTiB - 4096, 8192));  // runs past the slot
+  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, kTiB, 4096));         // starts past the slot
+  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, 0, 0));               // empty
+  EXPECT_FALSE(ZoneTarget(kZone, 0, 0, ~0ull - 10, ~0ull));  // wraps
+  EXPECT_TRUE(ZoneTarget(kZone, 7, 0, kTiB - 4096, 4096));   // the very last page
+  EXPECT_FALSE(ZoneTarget(ZoneLayout{}, 0, 0, 0, 4096));     // no zone
 }
 
 TEST(ImportZone, ContainsCoversExactlyTheZone) {

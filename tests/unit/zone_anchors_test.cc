@@ -78,6 +78,27 @@ TEST(ZoneAnchors, TableKeysAnchorsByStretchAndSlot) {
   EXPECT_EQ(anchors.count(), 1u);
 }
 
+TEST(ZoneAnchors, KeysAreTheStretchesChunksTouchWithinTheirSlot) {
+  // Slots of 8 MiB: a chunk running past its slot counts only inside it.
+  const ZoneLayout zone{kZone, 4, 8 * kMiB};
+  const ExporterId e{7, 1};
+  const std::vector<MappedChunk> chunks = {{kZone + 8 * kMiB, 2 * kMiB, e, 0, 1, 0, 0},
+                                           {kZone + 14 * kMiB, 4 * kMiB, e, 0, 1, 0, 0}};
+  const std::set<AnchorKey> keys = AnchorKeysOf(zone, 1, chunks);
+  EXPECT_EQ(keys, (std::set<AnchorKey>{{kZone, 1}}));  // all of slot 1 lies in one stretch
+  const Span slot = SlotSpan(zone, 1);
+  EXPECT_EQ(slot.begin, kZone + 8 * kMiB);
+  EXPECT_EQ(slot.end, kZone + 16 * kMiB);
+  // Slots of 1 GiB: a chunk across a 512 MiB boundary touches two stretches.
+  const ZoneLayout big{kZone, 4, kGiB};
+  EXPECT_EQ(AnchorKeysOf(big, 0, {{kZone + kStretch - 2 * kMiB, 4 * kMiB, e, 0, 1, 0, 0}}),
+            (std::set<AnchorKey>{{kZone, 0}, {kZone + kStretch, 0}}));
+  const std::vector<Span> spans = SpansOf(chunks);
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[1].begin, kZone + 14 * kMiB);
+  EXPECT_EQ(spans[1].end, kZone + 18 * kMiB);
+}
+
 TEST(ZoneAnchors, ImportTableListsTheChunksOverlappingARange) {
   ImportTable table;
   const ExporterId e{7, 1};
