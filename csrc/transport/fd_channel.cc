@@ -189,12 +189,31 @@ IoResult SendMessage(int fd, std::span<const uint8_t> data, std::span<const int>
   }
 }
 
+namespace {
+
+// A SOCK_SEQPACKET recvmsg can report EOF while a message is queued. The
+// kernel looks at the queue (empty), then at the shutdown flag; a peer that
+// queues its last message and shuts down between the two looks (the exporter
+// answers, then closes) makes it return 0. Seen on an H200 host: one open in
+// ~25,000 with 8 processes on one GPU failed "the exporter closed the
+// connection" although the exporter had sent its answer. The peer's sends all
+// come before its shutdown, so once the shutdown is visible a second look at
+// the queue sees them: only a second 0 is the end. True once per call.
+bool LookAgainAfterEof(bool* looked_again) {
+  if (*looked_again) return false;
+  *looked_again = true;
+  return true;
+}
+
+}  // namespace
+
 IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
                         const Deadline& deadline, int stop_fd) {
   *out = ReceivedMessage{};
   // Room for the kernel's maximum (SCM_MAX_FD), whatever the peer claims it
   // sends: a short control buffer would make the kernel drop fds silently.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  bool looked_again = false;
   while (true) {
     iovec iov{buffer.data(), buffer.size()};
     msghdr msg{};
@@ -216,7 +235,9 @@ IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
     CollectFds(&msg, &out->fds);
     out->truncated = (msg.msg_flags & MSG_TRUNC) != 0;
     out->control_truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
-    // We never send empty messages, so 0 bytes is the orderly shutdown (EOF).
+    // We never send empty messages, so 0 bytes is the orderly shutdown (EOF),
+    // once a second look agrees (LookAgainAfterEof).
+    if (n == 0 && out->fds.empty() && LookAgainAfterEof(&looked_again)) continue;
     if (n == 0) return {IoStatus::kPeerClosed, 0};
     out->length = static_cast<size_t>(n);
     return {};
@@ -226,6 +247,7 @@ IoResult ReceiveMessage(int fd, std::span<uint8_t> buffer, ReceivedMessage* out,
 IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
                      const Deadline& deadline, int stop_fd) {
   *out = PeekedMessage{};
+  bool looked_again = false;
   while (true) {
     // Try first, wait only when nothing is queued: with an expired deadline
     // this is one non-blocking look (the listener's poll thread uses that).
@@ -244,6 +266,7 @@ IoResult PeekMessage(int fd, std::span<uint8_t> buffer, PeekedMessage* out,
     }
     out->carries_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
     out->truncated = (msg.msg_flags & MSG_TRUNC) != 0;
+    if (n == 0 && !out->carries_fds && LookAgainAfterEof(&looked_again)) continue;
     if (n == 0 && !out->carries_fds) return {IoStatus::kPeerClosed, 0};
     out->length = static_cast<size_t>(n);
     return {};
