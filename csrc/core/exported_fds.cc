@@ -8,22 +8,12 @@
 #include <mutex>
 #include <vector>
 
-#include "common/elapsed.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
 
 namespace vmmipc::core {
 namespace {
-
-// A hint to the core that this thread is spinning (no syscall).
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Exports the allocation mapped at `base` as a POSIX fd.
 CUresult ExportAt(uint64_t base, ScopedFd* fd) {
@@ -37,23 +27,6 @@ CUresult ExportAt(uint64_t base, ScopedFd* fd) {
   stats::Count(stats::Counter::kFdsExported);
   fd->Reset(raw);
   return CUDA_SUCCESS;
-}
-
-// Takes an export stripe. The listener's poll thread meets the export ahead
-// here when an open follows its get at once: the worker is exporting that very
-// chunk. Sleeping on the mutex would add a wake-up (~15 us on the H200 hosts,
-// the same as a socket's) to the export's ~35-40 us, so it first spins for
-// about one export's time, then sleeps (the process's first export takes
-// ~600 us: the driver's export set-up).
-void LockForExport(std::unique_lock<std::mutex>& stripe) {
-  constexpr auto kSpin = std::chrono::microseconds(100);
-  if (stripe.try_lock()) return;
-  const auto until = SteadyClock::now() + kSpin;
-  do {
-    for (int i = 0; i < 64; ++i) CpuRelax();
-    if (stripe.try_lock()) return;
-  } while (SteadyClock::now() < until);
-  stripe.lock();
 }
 
 }  // namespace
@@ -71,8 +44,7 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
   // second waits and takes a dup. Striped by chunk address; never held
   // across anything but this chunk's export.
   static std::mutex export_stripes[16];
-  std::unique_lock<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16], std::defer_lock);
-  LockForExport(stripe);
+  std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
   *fd = state.exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);
