@@ -1,4 +1,5 @@
-// The export side's queue of chunks to export ahead, and its fork reset.
+// The export side's queue of chunks to export ahead, its export anchor, and
+// its fork reset.
 #include "core/export_side.h"
 
 #include "common/log.h"
@@ -34,7 +35,15 @@ void ExportSide::DropExportAhead() noexcept {
   ahead_queued_ = false;
 }
 
+void ExportSide::KeepExportAnchor(uint64_t handle, ScopedFd fd) {
+  std::lock_guard<std::mutex> lock(anchor_mutex_);
+  anchor_handle_ = handle;
+  anchor_fd_ = std::move(fd);
+}
+
 void ExportSide::AbandonAfterFork() {
+  // The child's copy only: the parent keeps its anchor (and its memory).
+  anchor_fd_.Reset();
   if (!mappings_.CloseCachedFdsInForkedChild())
     VMMIPC_LOG_WARN(
         "forked child: the parent's exported-fd cache was busy at fork; its copies "

@@ -12,6 +12,8 @@
 //    listener() and export_context() take no lock.
 //  - ahead_mutex_ guards the export-ahead queue. It is held only to push or
 //    swap the list, never across an export.
+//  - The export anchor is claimed once (an atomic flag) and kept under
+//    anchor_mutex_, which is never held across a driver call.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/scoped_fd.h"
 #include "state/chunk_generations.h"
 #include "state/vmm_mappings.h"
 #include "transport/listener.h"
@@ -69,6 +72,12 @@ class ExportSide {
   // Posting the drain task failed: forgets the queue.
   void DropExportAhead() noexcept;
 
+  // The export anchor (core/export_anchor.h). True for the one caller that
+  // gets to make it; false for every later one.
+  bool ClaimExportAnchor() noexcept { return !anchor_claimed_.exchange(true); }
+  // Keeps the anchor's allocation handle and its exported fd until exit.
+  void KeepExportAnchor(uint64_t handle, ScopedFd fd);
+
   // In a forked child: closes its copies of the parent's cached exported fds
   // (they would keep the parent's memory alive) and abandons the listener,
   // whose threads are the parent's.
@@ -86,6 +95,11 @@ class ExportSide {
   std::atomic<bool> listener_ready_{false};  // lets get skip export_mutex_ once started
   void* export_context_ = nullptr;
   bool listener_failed_ = false;
+
+  std::atomic<bool> anchor_claimed_{false};
+  std::mutex anchor_mutex_;
+  uint64_t anchor_handle_ = 0;  // never released: the process keeps it to its end
+  ScopedFd anchor_fd_;
 
   std::mutex ahead_mutex_;
   std::vector<uint64_t> ahead_;

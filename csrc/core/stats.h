@@ -30,6 +30,7 @@ namespace vmmipc::core::stats {
   X(kFdsExported, "fds_exported")                           \
   X(kFdCacheGrants, "fd_cache_grants")                      \
   X(kFdCacheEvictions, "fd_cache_evictions")                \
+  X(kExportAnchors, "export_anchors")                       \
   X(kFdsSent, "fds_sent")                                   \
   VMMIPC_REFUSE_REASONS(X##_REFUSAL)                        \
   X(kConnectionsDropped, "connections_dropped")             \

@@ -55,6 +55,7 @@ PARAMS = [
     ("VMMIPC_ARENA_SIZE", "size", "1T"),
     ("VMMIPC_STATS", "bool", "0"),
     ("VMMIPC_EXPORT_FD_CACHE", "int", "1024"),
+    ("VMMIPC_EXPORT_ANCHOR", "bool", "1"),
     ("VMMIPC_EXPORT_ON_MAP", "bool", "0"),
     ("VMMIPC_FOLLOW", "bool", "0"),
     ("VMMIPC_LISTENER_THREADS", "int", "4"),

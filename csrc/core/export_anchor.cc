@@ -1,0 +1,72 @@
+// The export anchor. The driver sets up per-process export state when the
+// process's count of live exported fds goes from 0 to 1 (~600 us, paid by
+// that export) and tears it down when the count returns to 0 (~550 us, inside
+// the last close()). The exported-fd cache keeps a chunk's fd only while the
+// chunk is mapped, so a process whose exported memory was all unmapped (a
+// framework freeing between phases, a memory saver's pause) paid both again:
+// the unmap that closed the last fd, then its next export. One exported fd of
+// an allocation nobody maps, kept to the end, holds the count above 0.
+#include "core/export_anchor.h"
+
+#include "common/log.h"
+#include "config/params.h"
+#include "core/exported_fds.h"
+#include "core/real.h"
+#include "core/stats.h"
+#include "driver/status.h"
+
+namespace vmmipc::core {
+namespace {
+
+// The smallest allocation the device makes, exported as a POSIX fd. Runs on a
+// listener worker. Every failure leaves nothing behind: exports then pay the
+// set-up again after the last exported chunk is unmapped, as without anchors.
+void MakeExportAnchor(ProcessState& state, int32_t device) {
+  UseExportContext(state);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  const char* step = "cuMemGetAllocationGranularity";
+  CUresult result =
+      VMMIPC_REAL(MemGetAllocationGranularity, &size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (result == CUDA_SUCCESS) {
+    step = "cuMemCreate";
+    result = VMMIPC_REAL(MemCreate, &handle, size, &prop, 0);
+  }
+  int raw = -1;
+  if (result == CUDA_SUCCESS) {
+    step = "cuMemExportToShareableHandle";
+    result = VMMIPC_REAL(MemExportToShareableHandle, &raw, handle,
+                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (result != CUDA_SUCCESS) (void)VMMIPC_REAL(MemRelease, handle);
+  }
+  if (result != CUDA_SUCCESS) {
+    VMMIPC_LOG_INFO(
+        "export anchor: none ({} on device {}: {}); an export after every exported chunk was "
+        "unmapped pays the driver's export set-up again (~600 us)",
+        step, device, driver::ErrorName(result));
+    return;
+  }
+  state.exporter.KeepExportAnchor(handle, ScopedFd(raw));
+  stats::Count(stats::Counter::kExportAnchors);
+  VMMIPC_LOG_DEBUG("export anchor: kept an exported fd of {} of device {} until exit",
+                   log::Bytes(size), device);
+}
+
+}  // namespace
+
+void KeepExportStateAfterFirstExport(ProcessState& state, int32_t device) noexcept {
+  if (!config::Get().export_anchor || device < 0) return;
+  if (!state.exporter.listener_ready() || !state.exporter.ClaimExportAnchor()) return;
+  try {
+    state.exporter.listener().Post([device] { MakeExportAnchor(State(), device); });
+  } catch (...) {
+    VMMIPC_LOG_INFO("export anchor: none (out of memory posting it)");
+  }
+}
+
+}  // namespace vmmipc::core

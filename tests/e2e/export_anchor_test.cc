@@ -1,0 +1,152 @@
+// The export anchor (VMMIPC_EXPORT_ANCHOR): after its first export an
+// exporter keeps one exported fd of a small allocation of its own until it
+// exits, so that the driver's export state outlives the unmap of every
+// exported chunk. What is checked here is what a user can see: the anchor is
+// made once, by the first export, whatever is mapped and unmapped later; it
+// is one fd (and, on the simulated driver, which backs memory with a memfd,
+// one allocation and its memfd) more than an exporter without it holds; with
+// the switch off, or when its making fails, nothing of it is left. That it
+// keeps the driver's export state (the ~600 us set-up skipped) is a cost, not
+// a behaviour: the all-to-all benchmark's K=1 rows show it (docs/benchmarks.md).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "e2e_layout.h"
+#include "logged_peer_test.h"
+#include "peer_process.h"
+
+namespace vmmipc::testing {
+namespace {
+
+class ExportAnchor : public LoggedPeerTest {
+ protected:
+  void SetUp() override {
+    LoggedPeerTest::SetUp();
+    if (IsSkipped()) return;
+    importer_ = Peer("importer", "1");
+    ASSERT_NE(importer_, nullptr);
+  }
+
+  std::unique_ptr<PeerProcess> Exporter(const std::string& name, const std::string& anchor) {
+    return Peer(
+        name, "0",
+        {{"VMMIPC_EXPORT_ANCHOR", anchor}, {"VMMIPC_STATS", "1"}, {"VMMIPC_LOG_LEVEL", "debug"}});
+  }
+
+  // One buffer's life in `exporter`: made, shared, opened, checked and closed
+  // by the importer, freed. Returns what the exporter holds afterwards, once
+  // the listener's worker is done with it (`settled_by`: a log line that says
+  // so, past `from` bytes of the log).
+  Resources ShareAndFree(PeerProcess& exporter, const std::string& name, int seed,
+                         const std::string& settled_by, size_t from = 0) {
+    const std::string handle = Handle(exporter, VmmBuffer(exporter, name, 1, seed));
+    OpenCheckClose(*importer_, handle, kChunk, seed);
+    EXPECT_EQ(exporter.Call("free_vmm " + name), "ok");
+    if (!settled_by.empty()) {
+      EXPECT_TRUE(LogShows(exporter, settled_by, 3000, from)) << Log(exporter);
+    }
+    return Held(exporter);
+  }
+
+  // How much more `with` holds than `without`, each against its own baseline.
+  static Resources Difference(const Resources& with, const Resources& with_before,
+                              const Resources& without, const Resources& without_before) {
+    Resources d;
+    d.fds = (with.fds - with_before.fds) - (without.fds - without_before.fds);
+    if (with.allocations >= 0)
+      d.allocations = (with.allocations - with_before.allocations) -
+                      (without.allocations - without_before.allocations);
+    return d;
+  }
+
+  // One exported fd; on the simulated driver also the allocation and its memfd.
+  static Resources OneAnchor() {
+    Resources r;
+    r.fds = Sim() ? 2 : 1;
+    if (Sim()) r.allocations = 1;
+    return r;
+  }
+
+  static Resources Nothing() {
+    Resources r;
+    r.fds = 0;
+    if (Sim()) r.allocations = 0;
+    return r;
+  }
+
+  std::unique_ptr<PeerProcess> importer_;
+};
+
+TEST_F(ExportAnchor, TheFirstExportLeavesOneAnchorThatOutlivesEveryUnmap) {
+  auto with = Exporter("with", "1");
+  auto without = Exporter("without", "0");
+  const Resources with_before = Held(*with);
+  const Resources without_before = Held(*without);
+  const Resources with_after = ShareAndFree(*with, "a", 3, "export anchor: kept an exported fd");
+  const Resources without_after = ShareAndFree(*without, "a", 3, "");
+  EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), OneAnchor());
+  // Later buffers, shared and freed in turn: no second anchor, nothing grows.
+  const size_t from = Log(*with).size();
+  EXPECT_EQ(ShareAndFree(*with, "b", 4, ""), with_after);
+  EXPECT_EQ(ShareAndFree(*with, "c", 5, ""), with_after);
+  EXPECT_EQ(Log(*with).find("export anchor:", from), std::string::npos);
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 1u);
+  EXPECT_EQ(StatsCounter(ExitLog(&without), "export_anchors"), 0u);
+}
+
+// --- failures: the anchor only saves time, so none of these fails a share ---
+
+TEST_F(ExportAnchor, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto with = Exporter("with", "1");
+  auto without = Exporter("without", "0");
+  const Resources with_before = Held(*with);
+  const Resources without_before = Held(*without);
+  // The buffer's cuMemCreate comes first; the next one is the anchor's (armed
+  // before the get, whose export ahead makes the anchor at once).
+  const uint64_t base = VmmBuffer(*with, "a", 1, 6);
+  ASSERT_TRUE(Inject(*with, "cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
+  const std::string handle = Handle(*with, base);
+  OpenCheckClose(*importer_, handle, kChunk, 6);
+  EXPECT_TRUE(
+      LogShows(*with, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)"))
+      << Log(*with);
+  EXPECT_EQ(with->Call("free_vmm a"), "ok");
+  const Resources with_after = Held(*with);
+  const Resources without_after = ShareAndFree(*without, "a", 6, "");
+  EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
+  // Not tried again: the next share works and makes none.
+  EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), with_after);
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
+}
+
+TEST_F(ExportAnchor, AnAnchorThatCannotBeExportedIsReleased) {
+  if (!Sim()) {
+    GTEST_SKIP() << "fault injection needs the simulated driver";
+  }
+  auto with = Exporter("with", "1");
+  auto without = Exporter("without", "0");
+  const Resources with_before = Held(*with);
+  const Resources without_before = Held(*without);
+  // The chunk's export (ahead of its request, or for it) is the first; the anchor's the second.
+  const uint64_t base = VmmBuffer(*with, "a", 1, 8);
+  ASSERT_TRUE(Inject(*with, "cuMemExportToShareableHandle", 2, CUDA_ERROR_OUT_OF_MEMORY));
+  const std::string handle = Handle(*with, base);
+  OpenCheckClose(*importer_, handle, kChunk, 8);
+  EXPECT_TRUE(LogShows(*with,
+                       "export anchor: none (cuMemExportToShareableHandle on device 0: "
+                       "CUDA_ERROR_OUT_OF_MEMORY)"))
+      << Log(*with);
+  EXPECT_EQ(with->Call("free_vmm a"), "ok");
+  const Resources with_after = Held(*with);
+  const Resources without_after = ShareAndFree(*without, "a", 8, "");
+  EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
+}
+
+}  // namespace
+}  // namespace vmmipc::testing
