@@ -12,6 +12,17 @@ ANY_FAILED=0
 
 now() { date +%s; }
 
+# described_commit: HEAD's short hash; a copy of a working tree (the device machine's) may carry
+# older git metadata than its files, so say so rather than name a commit that is not what ran.
+described_commit() {
+  local commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
+  if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null | head -n 1) ]]; then
+    commit="$commit + uncommitted changes (tracked files differ from it)"
+  fi
+  echo "$commit"
+}
+
 # step_limit WANTED: seconds for the next step: WANTED, cut to what is left of the budget.
 step_limit() {
   local left=$((DEADLINE_S - $(now) - ${CHECK_KEEP_S:-15}))

@@ -102,7 +102,7 @@ step_env() {
   {
     echo "date -u: $(date -u)"
     echo "host: $(uname -a)"
-    echo "repo: $REPO_ROOT, commit $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+    echo "repo: $REPO_ROOT, commit $(described_commit)"
     echo "vllm source: ${VLLM_SRC:-not given}; deepep source: ${DEEPEP_SRC:-not given}"
   } | tee -a "$log"
   if command -v nvidia-smi >/dev/null 2>&1; then

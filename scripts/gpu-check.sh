@@ -34,12 +34,7 @@ LIB="$REPO_ROOT/$BUILD_DIR/csrc/libvmmipc.so"
 # shellcheck source=scripts/check-steps.sh
 source "$REPO_ROOT/scripts/check-steps.sh"
 GPU_LINE="no GPU"
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
-# A copy of a working tree (the device machine's) may carry older git metadata than its
-# files: say so rather than name a commit that is not what ran.
-if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null | head -n 1) ]]; then
-  COMMIT="$COMMIT + uncommitted changes (tracked files differ from it)"
-fi
+COMMIT=$(described_commit)
 : >"$OUTDIR/summary.partial.md"
 
 # --- helpers ---------------------------------------------------------------------------------
