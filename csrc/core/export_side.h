@@ -12,7 +12,8 @@
 //    listener() and export_context() take no lock.
 //  - ahead_mutex_ guards the export-ahead queue. It is held only to push or
 //    swap the list, never across an export.
-//  - The export anchor is claimed once (an atomic flag) and kept under
+//  - The warm-up after the first export is claimed once (an atomic flag);
+//    the export anchor it makes is kept under
 //    anchor_mutex_, which is never held across a driver call.
 #pragma once
 
@@ -72,9 +73,9 @@ class ExportSide {
   // Posting the drain task failed: forgets the queue.
   void DropExportAhead() noexcept;
 
-  // The export anchor (core/export_anchor.h). True for the one caller that
-  // gets to make it; false for every later one.
-  bool ClaimExportAnchor() noexcept { return !anchor_claimed_.exchange(true); }
+  // The warm-up after the first export (core/export_warmup.h). True for the
+  // one caller that gets to post it; false for every later one.
+  bool ClaimExportWarmUp() noexcept { return !warm_up_claimed_.exchange(true); }
   // Keeps the anchor's allocation handle and its exported fd until exit.
   void KeepExportAnchor(uint64_t handle, ScopedFd fd);
 
@@ -96,7 +97,7 @@ class ExportSide {
   void* export_context_ = nullptr;
   bool listener_failed_ = false;
 
-  std::atomic<bool> anchor_claimed_{false};
+  std::atomic<bool> warm_up_claimed_{false};
   std::mutex anchor_mutex_;
   uint64_t anchor_handle_ = 0;  // never released: the process keeps it to its end
   ScopedFd anchor_fd_;

@@ -1,13 +1,20 @@
-// The export anchor. The driver sets up per-process export state when the
-// process's count of live exported fds goes from 0 to 1 (~600 us, paid by
-// that export) and tears it down when the count returns to 0 (~550 us, inside
-// the last close()). The exported-fd cache keeps a chunk's fd only while the
-// chunk is mapped, so a process whose exported memory was all unmapped (a
-// framework freeing between phases, a memory saver's pause) paid both again:
-// the unmap that closed the last fd, then its next export. One exported fd of
-// an allocation nobody maps, kept to the end, holds the count above 0.
-#include "core/export_anchor.h"
+// After the first export: the export anchor and the fd table.
+//
+// The driver sets up per-process export state when the process's count of
+// live exported fds goes from 0 to 1 (~600 us, paid by that export) and tears
+// it down when the count returns to 0 (~550 us, inside the last close()). The
+// exported-fd cache keeps a chunk's fd only while the chunk is mapped, so a
+// process whose exported memory was all unmapped (a framework freeing between
+// phases, a memory saver's pause) paid both again: the unmap that closed the
+// last fd, then its next export. One exported fd of an allocation nobody maps,
+// kept to the end, holds the count above 0.
+//
+// The fd table: the cache's fds (and the ones an importer receives) would grow
+// it doubling by doubling, each growth an RCU grace period in the middle of an
+// open; one growth here, off the answer's path, covers them.
+#include "core/export_warmup.h"
 
+#include "common/fd_table.h"
 #include "common/log.h"
 #include "config/params.h"
 #include "core/exported_fds.h"
@@ -21,7 +28,7 @@ namespace {
 // The smallest allocation the device makes, exported as a POSIX fd. Runs on a
 // listener worker. Every failure leaves nothing behind: exports then pay the
 // set-up again after the last exported chunk is unmapped, as without anchors.
-void MakeExportAnchor(ProcessState& state, int32_t device) {
+bool MakeExportAnchor(ProcessState& state, int32_t device) {
   UseExportContext(state);
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -49,23 +56,37 @@ void MakeExportAnchor(ProcessState& state, int32_t device) {
         "export anchor: none ({} on device {}: {}); an export after every exported chunk was "
         "unmapped pays the driver's export set-up again (~600 us)",
         step, device, driver::ErrorName(result));
-    return;
+    return false;
   }
   state.exporter.KeepExportAnchor(handle, ScopedFd(raw));
   stats::Count(stats::Counter::kExportAnchors);
   VMMIPC_LOG_DEBUG("export anchor: kept an exported fd of {} of device {} until exit",
                    log::Bytes(size), device);
+  return true;
+}
+
+// The fd table grown once for the exported-fd cache and as many fds again in
+// flight (grants being sent, chunks being received), then the anchor. One
+// debug line says what was done, when it is done.
+void WarmUp(ProcessState& state, int32_t device, bool anchor) {
+  const int cache = static_cast<int>(FdCacheLimit(config::Get().export_fd_cache));
+  const int before = FdTableSize();
+  GrowFdTable(2 * cache);
+  const int after = FdTableSize();
+  const char* anchored = !anchor ? "off" : MakeExportAnchor(state, device) ? "kept" : "none";
+  VMMIPC_LOG_DEBUG("export warm-up done: fd table {} -> {} entries; export anchor {}", before,
+                   after, anchored);
 }
 
 }  // namespace
 
-void KeepExportStateAfterFirstExport(ProcessState& state, int32_t device) noexcept {
-  if (!config::Get().export_anchor || device < 0) return;
-  if (!state.exporter.listener_ready() || !state.exporter.ClaimExportAnchor()) return;
+void WarmUpAfterFirstExport(ProcessState& state, int32_t device) noexcept {
+  if (!state.exporter.listener_ready() || !state.exporter.ClaimExportWarmUp()) return;
+  const bool anchor = config::Get().export_anchor && device >= 0;
   try {
-    state.exporter.listener().Post([device] { MakeExportAnchor(State(), device); });
+    state.exporter.listener().Post([device, anchor] { WarmUp(State(), device, anchor); });
   } catch (...) {
-    VMMIPC_LOG_INFO("export anchor: none (out of memory posting it)");
+    VMMIPC_LOG_INFO("export warm-up: none (out of memory posting it)");
   }
 }
 

@@ -1,7 +1,8 @@
-// The export anchor: after the process's first export, one exported fd of a
-// small allocation of its own, kept until the process exits, so that the
-// driver's per-process export state outlives the unmap of every exported
-// chunk (VMMIPC_EXPORT_ANCHOR).
+// After the process's first export, what keeps its later exports cheap: the
+// export anchor (VMMIPC_EXPORT_ANCHOR: one exported fd of a small allocation
+// of its own, kept until exit, so that the driver's per-process export state
+// outlives the unmap of every exported chunk) and an fd table sized once for
+// the exported-fd cache (common/fd_table.h).
 #pragma once
 
 #include <cstdint>
@@ -11,8 +12,8 @@
 namespace vmmipc::core {
 
 // Called after an export of a chunk on `device` succeeded: the first call of
-// the process posts the anchor's making to a listener worker (off the answer's
-// path); every later call returns at once.
-void KeepExportStateAfterFirstExport(ProcessState& state, int32_t device) noexcept;
+// the process posts the warm-up to a listener worker (off the answer's path);
+// every later call returns at once.
+void WarmUpAfterFirstExport(ProcessState& state, int32_t device) noexcept;
 
 }  // namespace vmmipc::core

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/export_anchor.h"
+#include "core/export_warmup.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -53,7 +53,7 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
   }
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
-  KeepExportStateAfterFirstExport(state, chunk.device);
+  WarmUpAfterFirstExport(state, chunk.device);
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
   *fd = state.exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
                                           &evicted);

@@ -1,15 +1,21 @@
-// The export anchor (VMMIPC_EXPORT_ANCHOR): after its first export an
-// exporter keeps one exported fd of a small allocation of its own until it
-// exits, so that the driver's export state outlives the unmap of every
-// exported chunk. What is checked here is what a user can see: the anchor is
-// made once, by the first export, whatever is mapped and unmapped later; it
-// is one fd (and, on the simulated driver, which backs memory with a memfd,
-// one allocation and its memfd) more than an exporter without it holds; with
-// the switch off, or when its making fails, nothing of it is left. That it
-// keeps the driver's export state (the ~600 us set-up skipped) is a cost, not
-// a behaviour: the all-to-all benchmark's K=1 rows show it (docs/benchmarks.md).
+// After an exporter's first export (core/export_warmup.h): the export anchor
+// (VMMIPC_EXPORT_ANCHOR), one exported fd of a small allocation of its own
+// kept until it exits, so that the driver's export state outlives the unmap of
+// every exported chunk; and its fd table grown once for the exported-fd cache.
+// What is checked here is what a user can see: the anchor is made once, by the
+// first export, whatever is mapped and unmapped later; it is one fd (and, on
+// the simulated driver, which backs memory with a memfd, one allocation and
+// its memfd) more than an exporter without it holds; with the switch off, or
+// when its making fails, nothing of it is left; the fd table (FDSize in
+// /proc/<pid>/status) is grown once, before the cache needs it. That the
+// anchor keeps the driver's export state (the ~600 us set-up skipped) and that
+// one growth saves the later ones (an RCU grace period each) are costs, not
+// behaviours: docs/benchmarks.md has them.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -20,7 +26,7 @@
 namespace vmmipc::testing {
 namespace {
 
-class ExportAnchor : public LoggedPeerTest {
+class ExportWarmUp : public LoggedPeerTest {
  protected:
   void SetUp() override {
     LoggedPeerTest::SetUp();
@@ -79,26 +85,61 @@ class ExportAnchor : public LoggedPeerTest {
   std::unique_ptr<PeerProcess> importer_;
 };
 
-TEST_F(ExportAnchor, TheFirstExportLeavesOneAnchorThatOutlivesEveryUnmap) {
+TEST_F(ExportWarmUp, TheFirstExportLeavesOneAnchorThatOutlivesEveryUnmap) {
   auto with = Exporter("with", "1");
   auto without = Exporter("without", "0");
   const Resources with_before = Held(*with);
   const Resources without_before = Held(*without);
-  const Resources with_after = ShareAndFree(*with, "a", 3, "export anchor: kept an exported fd");
-  const Resources without_after = ShareAndFree(*without, "a", 3, "");
+  const Resources with_after = ShareAndFree(*with, "a", 3, "export warm-up done");
+  const Resources without_after = ShareAndFree(*without, "a", 3, "export warm-up done");
+  EXPECT_TRUE(LogShows(*with, "export anchor kept")) << Log(*with);
+  EXPECT_TRUE(LogShows(*without, "export anchor off")) << Log(*without);
   EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), OneAnchor());
   // Later buffers, shared and freed in turn: no second anchor, nothing grows.
   const size_t from = Log(*with).size();
   EXPECT_EQ(ShareAndFree(*with, "b", 4, ""), with_after);
   EXPECT_EQ(ShareAndFree(*with, "c", 5, ""), with_after);
-  EXPECT_EQ(Log(*with).find("export anchor:", from), std::string::npos);
+  EXPECT_EQ(Log(*with).find("export anchor", from), std::string::npos);
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 1u);
   EXPECT_EQ(StatsCounter(ExitLog(&without), "export_anchors"), 0u);
 }
 
+// FDSize of process `pid`; -1 when unknown.
+int FdTableSizeOf(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("FDSize:", 0) == 0) return std::stoi(line.substr(7));
+  return -1;
+}
+
+TEST_F(ExportWarmUp, TheFirstExportGrowsTheFdTableOnceForTheCache) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);  // the peers inherit it
+  const long soft = limit.rlim_cur == RLIM_INFINITY ? 1L << 20 : static_cast<long>(limit.rlim_cur);
+  auto exporter =
+      Peer("exporter", "0", {{"VMMIPC_EXPORT_FD_CACHE", "300"}, {"VMMIPC_LOG_LEVEL", "debug"}});
+  const long before = FdTableSizeOf(exporter->pid());
+  ASSERT_GT(before, 0);
+  // The cache's bound (300, at most a quarter of the limit), and as many again in flight.
+  const long want = std::min(2 * std::min(300L, soft / 4), soft);
+  if (want <= before) {
+    GTEST_SKIP() << "the table (" << before << ") already holds " << want;
+  }
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 9));
+  OpenCheckClose(*importer_, handle, kChunk, 9);
+  ASSERT_TRUE(LogShows(*exporter, "export warm-up done: fd table ")) << Log(*exporter);
+  EXPECT_GE(FdTableSizeOf(exporter->pid()), want);
+  // Once: a second share grows nothing and says nothing more.
+  const size_t from = Log(*exporter).size();
+  const std::string second = Handle(*exporter, VmmBuffer(*exporter, "b", 1, 10));
+  OpenCheckClose(*importer_, second, kChunk, 10);
+  EXPECT_EQ(Log(*exporter).find("export warm-up", from), std::string::npos);
+}
+
 // --- failures: the anchor only saves time, so none of these fails a share ---
 
-TEST_F(ExportAnchor, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
+TEST_F(ExportWarmUp, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
@@ -115,16 +156,17 @@ TEST_F(ExportAnchor, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
   EXPECT_TRUE(
       LogShows(*with, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)"))
       << Log(*with);
+  EXPECT_TRUE(LogShows(*with, "export warm-up done")) << Log(*with);
   EXPECT_EQ(with->Call("free_vmm a"), "ok");
   const Resources with_after = Held(*with);
-  const Resources without_after = ShareAndFree(*without, "a", 6, "");
+  const Resources without_after = ShareAndFree(*without, "a", 6, "export warm-up done");
   EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
   // Not tried again: the next share works and makes none.
   EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), with_after);
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
 }
 
-TEST_F(ExportAnchor, AnAnchorThatCannotBeExportedIsReleased) {
+TEST_F(ExportWarmUp, AnAnchorThatCannotBeExportedIsReleased) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
@@ -141,9 +183,10 @@ TEST_F(ExportAnchor, AnAnchorThatCannotBeExportedIsReleased) {
                        "export anchor: none (cuMemExportToShareableHandle on device 0: "
                        "CUDA_ERROR_OUT_OF_MEMORY)"))
       << Log(*with);
+  EXPECT_TRUE(LogShows(*with, "export warm-up done")) << Log(*with);
   EXPECT_EQ(with->Call("free_vmm a"), "ok");
   const Resources with_after = Held(*with);
-  const Resources without_after = ShareAndFree(*without, "a", 8, "");
+  const Resources without_after = ShareAndFree(*without, "a", 8, "export warm-up done");
   EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
 }
