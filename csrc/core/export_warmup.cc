@@ -20,6 +20,7 @@
 #include "core/exported_fds.h"
 #include "core/real.h"
 #include "core/stats.h"
+#include "core/vmm_memory.h"
 #include "driver/status.h"
 
 namespace vmmipc::core {
@@ -30,11 +31,7 @@ namespace {
 // set-up again after the last exported chunk is unmapped, as without anchors.
 bool MakeExportAnchor(ProcessState& state, int32_t device) {
   UseExportContext(state);
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp prop = DeviceMemoryProp(device, /*posix_fd=*/true);
   size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
   const char* step = "cuMemGetAllocationGranularity";

@@ -14,6 +14,15 @@ int32_t DeviceOf(const CUmemAllocationProp* prop) {
   return prop->location.id;
 }
 
+CUmemAllocationProp DeviceMemoryProp(int32_t device, bool posix_fd) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  if (posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
 CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end) {
   ArenaCarveInfo carve;
   if (FindArenaCarve(address, &carve)) {

@@ -10,6 +10,7 @@
 #include "core/placement.h"
 #include "core/real.h"
 #include "core/stats.h"
+#include "core/vmm_memory.h"
 #include "driver/status.h"
 #include "state/zone_anchors.h"
 
@@ -24,10 +25,7 @@ using state::SpansOf;
 
 // The smallest allocation the device allows (2 MiB on an H200), made once.
 bool MakeAnchorMemory(int32_t device, ImportSide::AnchorMemory* memory) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
+  const CUmemAllocationProp prop = DeviceMemoryProp(device, /*posix_fd=*/false);
   size_t granularity = 0;
   CUresult result = VMMIPC_REAL(MemGetAllocationGranularity, &granularity, &prop,
                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);

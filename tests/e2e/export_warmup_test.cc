@@ -82,6 +82,31 @@ class ExportWarmUp : public LoggedPeerTest {
     return r;
   }
 
+  // Shares one chunk of a fresh exporter (the anchor on) with the `nth` next
+  // `function` call of its driver failing: armed once the buffer is made and
+  // before the get, whose export ahead starts the warm-up at once. Expects
+  // `logged` in its log and, once the chunk is freed, nothing of the anchor
+  // left: the same resources as an exporter with the anchor off, which
+  // shares the same. Returns the exporter.
+  std::unique_ptr<PeerProcess> ShareWithAFailingAnchor(const std::string& function, int nth,
+                                                       const std::string& logged) {
+    auto with = Exporter("with", "1");
+    auto without = Exporter("without", "0");
+    if (with == nullptr || without == nullptr) return nullptr;
+    const Resources with_before = Held(*with);
+    const Resources without_before = Held(*without);
+    const uint64_t base = VmmBuffer(*with, "a", 1, 6);
+    EXPECT_TRUE(Inject(*with, function, nth, CUDA_ERROR_OUT_OF_MEMORY));
+    OpenCheckClose(*importer_, Handle(*with, base), kChunk, 6);
+    EXPECT_TRUE(LogShows(*with, logged)) << Log(*with);
+    EXPECT_TRUE(LogShows(*with, "export warm-up done: fd table")) << Log(*with);
+    EXPECT_EQ(with->Call("free_vmm a"), "ok");
+    const Resources with_after = Held(*with);
+    const Resources without_after = ShareAndFree(*without, "a", 6, "export warm-up done");
+    EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
+    return with;
+  }
+
   std::unique_ptr<PeerProcess> importer_;
 };
 
@@ -143,26 +168,13 @@ TEST_F(ExportWarmUp, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
-  auto with = Exporter("with", "1");
-  auto without = Exporter("without", "0");
-  const Resources with_before = Held(*with);
-  const Resources without_before = Held(*without);
-  // The buffer's cuMemCreate comes first; the next one is the anchor's (armed
-  // before the get, whose export ahead makes the anchor at once).
-  const uint64_t base = VmmBuffer(*with, "a", 1, 6);
-  ASSERT_TRUE(Inject(*with, "cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY));
-  const std::string handle = Handle(*with, base);
-  OpenCheckClose(*importer_, handle, kChunk, 6);
-  EXPECT_TRUE(
-      LogShows(*with, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)"))
-      << Log(*with);
-  EXPECT_TRUE(LogShows(*with, "export warm-up done")) << Log(*with);
-  EXPECT_EQ(with->Call("free_vmm a"), "ok");
-  const Resources with_after = Held(*with);
-  const Resources without_after = ShareAndFree(*without, "a", 6, "export warm-up done");
-  EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
-  // Not tried again: the next share works and makes none.
-  EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), with_after);
+  // The buffer's cuMemCreate comes first; the next one is the anchor's.
+  auto with = ShareWithAFailingAnchor(
+      "cuMemCreate", 1, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
+  ASSERT_NE(with, nullptr);
+  // Not tried again: the next share works, makes none and leaves nothing.
+  const Resources after = Held(*with);
+  EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), after);
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
 }
 
@@ -170,24 +182,11 @@ TEST_F(ExportWarmUp, AnAnchorThatCannotBeExportedIsReleased) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
-  auto with = Exporter("with", "1");
-  auto without = Exporter("without", "0");
-  const Resources with_before = Held(*with);
-  const Resources without_before = Held(*without);
   // The chunk's export (ahead of its request, or for it) is the first; the anchor's the second.
-  const uint64_t base = VmmBuffer(*with, "a", 1, 8);
-  ASSERT_TRUE(Inject(*with, "cuMemExportToShareableHandle", 2, CUDA_ERROR_OUT_OF_MEMORY));
-  const std::string handle = Handle(*with, base);
-  OpenCheckClose(*importer_, handle, kChunk, 8);
-  EXPECT_TRUE(LogShows(*with,
-                       "export anchor: none (cuMemExportToShareableHandle on device 0: "
-                       "CUDA_ERROR_OUT_OF_MEMORY)"))
-      << Log(*with);
-  EXPECT_TRUE(LogShows(*with, "export warm-up done")) << Log(*with);
-  EXPECT_EQ(with->Call("free_vmm a"), "ok");
-  const Resources with_after = Held(*with);
-  const Resources without_after = ShareAndFree(*without, "a", 8, "export warm-up done");
-  EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
+  auto with = ShareWithAFailingAnchor("cuMemExportToShareableHandle", 2,
+                                      "export anchor: none (cuMemExportToShareableHandle on "
+                                      "device 0: CUDA_ERROR_OUT_OF_MEMORY)");
+  ASSERT_NE(with, nullptr);
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
 }
 
