@@ -23,10 +23,24 @@ bool GrowFdTable(int fds) noexcept {
   long target = fds;
   if (limit.rlim_cur != RLIM_INFINITY) target = std::min<long>(target, limit.rlim_cur);
   if (target <= 1 || FdTableSize() >= target) return false;
-  // Any fd of our own to duplicate: fd 0 may be closed in a daemon.
-  ScopedFd source(::eventfd(0, EFD_CLOEXEC));
-  if (!source) return false;
-  ScopedFd high(::fcntl(source.get(), F_DUPFD_CLOEXEC, static_cast<int>(target - 1)));
+  // Any open fd will do as the one duplicated (the copy lives for two
+  // syscalls, after the growth): stderr, stdout or stdin when open, so that
+  // no fd of ours is open for the grace period the growth waits for; else an
+  // eventfd made for it (a daemon may have closed all three).
+  ScopedFd made;
+  int source = -1;
+  for (int fd : {2, 1, 0}) {
+    if (::fcntl(fd, F_GETFD) != -1) {
+      source = fd;
+      break;
+    }
+  }
+  if (source < 0) {
+    made.Reset(::eventfd(0, EFD_CLOEXEC));
+    if (!made) return false;
+    source = made.get();
+  }
+  ScopedFd high(::fcntl(source, F_DUPFD_CLOEXEC, static_cast<int>(target - 1)));
   return high.valid();
 }
 

@@ -12,8 +12,9 @@
 //    listener() and export_context() take no lock.
 //  - ahead_mutex_ guards the export-ahead queue. It is held only to push or
 //    swap the list, never across an export.
-//  - The warm-up after the first export is claimed once (an atomic flag);
-//    the export anchor it makes is kept under
+//  - warm_up_mutex_ is held while the warm-up before the first export runs
+//    (driver calls and a grace period, once per process); later exports see
+//    warmed_up_ and take no lock. The export anchor it makes is kept under
 //    anchor_mutex_, which is never held across a driver call.
 #pragma once
 
@@ -73,9 +74,17 @@ class ExportSide {
   // Posting the drain task failed: forgets the queue.
   void DropExportAhead() noexcept;
 
-  // The warm-up after the first export (core/export_warmup.h). True for the
-  // one caller that gets to post it; false for every later one.
-  bool ClaimExportWarmUp() noexcept { return !warm_up_claimed_.exchange(true); }
+  // The warm-up before the first export (core/export_warmup.h): `warm_up()`
+  // runs once, under warm_up_mutex_; a caller that comes while it runs waits
+  // for its end, so that no export (and no answer) leaves before it is done.
+  template <typename WarmUp>
+  void WarmUpOnce(WarmUp warm_up) {
+    if (warmed_up_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(warm_up_mutex_);
+    if (warmed_up_.load(std::memory_order_relaxed)) return;
+    warm_up();
+    warmed_up_.store(true, std::memory_order_release);
+  }
   // Keeps the anchor's allocation handle and its exported fd until exit.
   void KeepExportAnchor(uint64_t handle, ScopedFd fd);
 
@@ -97,7 +106,8 @@ class ExportSide {
   void* export_context_ = nullptr;
   bool listener_failed_ = false;
 
-  std::atomic<bool> warm_up_claimed_{false};
+  std::mutex warm_up_mutex_;
+  std::atomic<bool> warmed_up_{false};
   std::mutex anchor_mutex_;
   uint64_t anchor_handle_ = 0;  // never released: the process keeps it to its end
   ScopedFd anchor_fd_;

@@ -1,4 +1,4 @@
-// After the first export: the export anchor and the fd table.
+// At the first export: the export anchor and the fd table.
 //
 // The driver sets up per-process export state when the process's count of
 // live exported fds goes from 0 to 1 (~600 us, paid by that export) and tears
@@ -11,7 +11,9 @@
 //
 // The fd table: the cache's fds (and the ones an importer receives) would grow
 // it doubling by doubling, each growth an RCU grace period in the middle of an
-// open; one growth here, off the answer's path, covers them.
+// open; one growth here covers them. Both run before the first export leaves,
+// on the thread that makes it (a listener thread), so the process's fds and
+// allocations are what they will stay once its first share is answered.
 #include "core/export_warmup.h"
 
 #include "common/fd_table.h"
@@ -26,11 +28,11 @@
 namespace vmmipc::core {
 namespace {
 
-// The smallest allocation the device makes, exported as a POSIX fd. Runs on a
-// listener worker. Every failure leaves nothing behind: exports then pay the
-// set-up again after the last exported chunk is unmapped, as without anchors.
+// The smallest allocation the device makes, exported as a POSIX fd. Runs
+// where the process's first export runs (a listener thread, in the export
+// context). Every failure leaves nothing behind: exports then pay the set-up
+// again after the last exported chunk is unmapped, as without anchors.
 bool MakeExportAnchor(ProcessState& state, int32_t device) {
-  UseExportContext(state);
   const CUmemAllocationProp prop = DeviceMemoryProp(device, /*posix_fd=*/true);
   size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
@@ -63,28 +65,27 @@ bool MakeExportAnchor(ProcessState& state, int32_t device) {
 }
 
 // The fd table grown once for the exported-fd cache and as many fds again in
-// flight (grants being sent, chunks being received), then the anchor. One
-// debug line says what was done, when it is done.
-void WarmUp(ProcessState& state, int32_t device, bool anchor) {
+// flight (grants being sent, chunks being received): one grace period now
+// instead of one at each doubling, later, in the middle of opens. One debug
+// line says what the warm-up did.
+void GrowFdTableForExports(const char* anchored) {
   const int cache = static_cast<int>(FdCacheLimit(config::Get().export_fd_cache));
   const int before = FdTableSize();
   GrowFdTable(2 * cache);
-  const int after = FdTableSize();
-  const char* anchored = !anchor ? "off" : MakeExportAnchor(state, device) ? "kept" : "none";
   VMMIPC_LOG_DEBUG("export warm-up done: fd table {} -> {} entries; export anchor {}", before,
-                   after, anchored);
+                   FdTableSize(), anchored);
 }
 
 }  // namespace
 
-void WarmUpAfterFirstExport(ProcessState& state, int32_t device) noexcept {
-  if (!state.exporter.listener_ready() || !state.exporter.ClaimExportWarmUp()) return;
-  const bool anchor = config::Get().export_anchor && device >= 0;
-  try {
-    state.exporter.listener().Post([device, anchor] { WarmUp(State(), device, anchor); });
-  } catch (...) {
-    VMMIPC_LOG_INFO("export warm-up: none (out of memory posting it)");
-  }
+void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept {
+  state.exporter.WarmUpOnce([&state, device] {
+    // The anchor first: its export pays the driver's set-up (~600 us) that
+    // this first export would have paid, so the chunk's own costs ~35 us.
+    const bool wanted = config::Get().export_anchor && device >= 0;
+    const char* anchored = !wanted ? "off" : MakeExportAnchor(state, device) ? "kept" : "none";
+    GrowFdTableForExports(anchored);
+  });
 }
 
 }  // namespace vmmipc::core

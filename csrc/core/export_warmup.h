@@ -1,4 +1,4 @@
-// After the process's first export, what keeps its later exports cheap: the
+// At the process's first export, what keeps its later exports cheap: the
 // export anchor (VMMIPC_EXPORT_ANCHOR: one exported fd of a small allocation
 // of its own, kept until exit, so that the driver's per-process export state
 // outlives the unmap of every exported chunk) and an fd table sized once for
@@ -11,9 +11,12 @@
 
 namespace vmmipc::core {
 
-// Called after an export of a chunk on `device` succeeded: the first call of
-// the process posts the warm-up to a listener worker (off the answer's path);
-// every later call returns at once.
-void WarmUpAfterFirstExport(ProcessState& state, int32_t device) noexcept;
+// Called before an export of a chunk on `device`: the first call of the
+// process makes the export anchor and grows the fd table, there and then
+// (the first export pays the driver's set-up anyway; the growth one grace
+// period, once); a call that comes meanwhile waits for it; later calls return
+// at once. Runs on the thread that exports: a listener thread, in the export
+// context.
+void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept;
 
 }  // namespace vmmipc::core

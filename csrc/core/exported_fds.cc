@@ -51,9 +51,9 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
   }
+  WarmUpBeforeFirstExport(state, chunk.device);
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
-  WarmUpAfterFirstExport(state, chunk.device);
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
   *fd = state.exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
                                           &evicted);

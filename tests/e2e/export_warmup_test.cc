@@ -182,8 +182,8 @@ TEST_F(ExportWarmUp, AnAnchorThatCannotBeExportedIsReleased) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
-  // The chunk's export (ahead of its request, or for it) is the first; the anchor's the second.
-  auto with = ShareWithAFailingAnchor("cuMemExportToShareableHandle", 2,
+  // The anchor is made before the process's first export of a chunk: its export is the first.
+  auto with = ShareWithAFailingAnchor("cuMemExportToShareableHandle", 1,
                                       "export anchor: none (cuMemExportToShareableHandle on "
                                       "device 0: CUDA_ERROR_OUT_OF_MEMORY)");
   ASSERT_NE(with, nullptr);
