@@ -40,6 +40,9 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
   }
+  // Once per process, before the first export and outside the stripes (it
+  // waits for a grace period): the export anchor and the fd table.
+  WarmUpBeforeFirstExport(state, chunk.device);
   // Two answers missing the same chunk at once (peers opening together, or
   // the export ahead) would export it twice: one export per chunk, the
   // second waits and takes a dup. Striped by chunk address; never held
@@ -51,7 +54,6 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
   }
-  WarmUpBeforeFirstExport(state, chunk.device);
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock

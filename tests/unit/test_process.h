@@ -1,9 +1,14 @@
-// Small process facts the unit tests check leaks and timing with.
+// Small process facts the unit tests check leaks and timing with, and a
+// connected SOCK_SEQPACKET pair to talk over.
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <chrono>
+
+#include "common/scoped_fd.h"
 
 namespace vmmipc::testing {
 
@@ -21,6 +26,16 @@ inline long ElapsedMs(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                start)
       .count();
+}
+
+// Two connected SOCK_SEQPACKET Unix sockets (the transport's kind), CLOEXEC.
+struct SocketPair {
+  ScopedFd a, b;
+};
+inline SocketPair SeqpacketPair() {
+  int sv[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  return {ScopedFd(sv[0]), ScopedFd(sv[1])};
 }
 
 }  // namespace vmmipc::testing

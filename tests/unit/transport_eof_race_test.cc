@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "test_process.h"
 #include "transport/fd_channel.h"
 #include "transport/listener.h"
 #include "transport/peer_client.h"
@@ -61,14 +62,8 @@ extern "C" ssize_t __wrap_recvmsg(int fd, msghdr* msg, int flags) {
 namespace vmmipc::transport {
 namespace {
 
-struct Pair {
-  ScopedFd a, b;
-};
-Pair SeqpacketPair() {
-  int sv[2];
-  EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-  return {ScopedFd(sv[0]), ScopedFd(sv[1])};
-}
+using vmmipc::testing::SeqpacketPair;
+using vmmipc::testing::SocketPair;
 
 ScopedFd Memfd() {
   ScopedFd fd(memfd_create("transport-eof-race-test", MFD_CLOEXEC));
@@ -92,7 +87,7 @@ void ArmRace(int sender, std::string data, int fd) {
 }
 
 TEST(TransportEofRace, PeekSeesTheMessageQueuedBeforeTheShutdown) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   ScopedFd memfd = Memfd();
   const int races = g_races;
   ArmRace(p.a.get(), "answer", memfd.get());
@@ -112,7 +107,7 @@ TEST(TransportEofRace, PeekSeesTheMessageQueuedBeforeTheShutdown) {
 }
 
 TEST(TransportEofRace, ReceiveSeesTheMessageQueuedBeforeTheShutdown) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   ScopedFd memfd = Memfd();
   const int races = g_races;
   ArmRace(p.a.get(), "answer", memfd.get());
@@ -126,7 +121,7 @@ TEST(TransportEofRace, ReceiveSeesTheMessageQueuedBeforeTheShutdown) {
 }
 
 TEST(TransportEofRace, AnEndWithNothingQueuedIsStillTheEndAtOnce) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   ArmRace(p.a.get(), "", -1);
   t_peer_acts = [&p](int) { ::shutdown(p.a.get(), SHUT_RDWR); };  // shuts down, sends nothing
   uint8_t buffer[64];

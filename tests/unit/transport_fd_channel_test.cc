@@ -42,19 +42,13 @@ std::string ReadAt(int fd, size_t size) {
   return s;
 }
 
-struct Pair {
-  ScopedFd a, b;
-};
-Pair SeqpacketPair() {
-  int sv[2];
-  EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-  return {ScopedFd(sv[0]), ScopedFd(sv[1])};
-}
+using vmmipc::testing::SeqpacketPair;
+using vmmipc::testing::SocketPair;
 
 TEST(TransportFdChannel, MemfdTravelsAndSharesMemory) {
   const int before = FdCount();
   {
-    Pair p = SeqpacketPair();
+    SocketPair p = SeqpacketPair();
     ScopedFd memfd = Memfd("written by the sender");
     const uint8_t data[3] = {1, 2, 3};
     const int fds[1] = {memfd.get()};
@@ -88,7 +82,7 @@ TEST(TransportFdChannel, MemfdTravelsAndSharesMemory) {
 TEST(TransportFdChannel, MaxFdsInOneMessage) {
   const int before = FdCount();
   {
-    Pair p = SeqpacketPair();
+    SocketPair p = SeqpacketPair();
     ScopedFd memfd = Memfd("x");
     std::vector<int> fds(kMaxFdsPerMessage, memfd.get());
     const uint8_t data[1] = {0};
@@ -106,7 +100,7 @@ TEST(TransportFdChannel, MaxFdsInOneMessage) {
 }
 
 TEST(TransportFdChannel, LongMessageIsMarkedTruncated) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   const uint8_t data[10] = {};
   ASSERT_TRUE(SendMessage(p.a.get(), data, {}, Deadline::AfterMs(1000)).ok());
   uint8_t buffer[4];
@@ -117,7 +111,7 @@ TEST(TransportFdChannel, LongMessageIsMarkedTruncated) {
 }
 
 TEST(TransportFdChannel, ReceiveTimesOut) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   uint8_t buffer[4];
   ReceivedMessage m;
   const auto start = Clock::now();
@@ -129,7 +123,7 @@ TEST(TransportFdChannel, ReceiveTimesOut) {
 }
 
 TEST(TransportFdChannel, StopFdEndsTheWait) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   ScopedFd stop(eventfd(1, EFD_CLOEXEC));
   uint8_t buffer[4];
   ReceivedMessage m;
@@ -140,7 +134,7 @@ TEST(TransportFdChannel, StopFdEndsTheWait) {
 }
 
 TEST(TransportFdChannel, PeerCloseIsReported) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   p.a.Reset();
   uint8_t buffer[4];
   ReceivedMessage m;
@@ -152,7 +146,7 @@ TEST(TransportFdChannel, PeerCloseIsReported) {
 }
 
 TEST(TransportFdChannel, SendTimesOutWhenPeerDoesNotRead) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   const std::vector<uint8_t> data(4096, 0);
   const auto start = Clock::now();
   IoResult r;
@@ -163,7 +157,7 @@ TEST(TransportFdChannel, SendTimesOutWhenPeerDoesNotRead) {
 }
 
 TEST(TransportFdChannel, PeerCredentialsAreOurs) {
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   PeerCredentials c;
   ASSERT_TRUE(GetPeerCredentials(p.a.get(), &c).ok());
   EXPECT_EQ(c.pid, static_cast<uint32_t>(getpid()));
@@ -212,7 +206,7 @@ TEST(TransportFdChannel, FullBacklogTimesOut) {
 
 TEST(TransportFdChannel, FdsTheKernelCannotInstallAreReported) {
   // In a child, since it lowers RLIMIT_NOFILE below what a batch needs.
-  Pair p = SeqpacketPair();
+  SocketPair p = SeqpacketPair();
   ScopedFd memfd = Memfd("x");
   const std::vector<int> fds(16, memfd.get());
   const uint8_t data[1] = {0};
