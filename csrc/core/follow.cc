@@ -17,39 +17,42 @@
 namespace vmmipc::core {
 namespace {
 
-std::string PidList(const std::vector<uint32_t>& pids) {
+std::string PidList(const std::vector<std::pair<uint32_t, uint32_t>>& followers) {
   std::string out;
-  for (uint32_t pid : pids) out += (out.empty() ? "" : ", ") + std::to_string(pid);
+  for (const auto& [follower, pid] : followers)
+    out += (out.empty() ? "" : ", ") + std::to_string(pid);
   return out;
 }
 
 // Sends `notices` and accounts for the answers: counters, and one warning
-// naming the importers that did not answer in time.
+// naming the importers that stopped answering in this call (a lagging one is
+// not waited for again, nor named again, until it has caught up).
 transport::NotifyResult Notify(ProcessState& state,
                                const std::vector<transport::WatchNotice>& notices,
                                const char* what) {
   const int timeout_ms = static_cast<int>(config::Get().timeout_ms);
   transport::NotifyResult result = state.exporter.listener().Notify(notices, timeout_ms);
   stats::Count(stats::Counter::kFollowNotices, result.events_sent);
-  if (!result.unanswered.empty()) {
-    stats::Count(stats::Counter::kFollowUnanswered, result.unanswered.size());
+  if (!result.newly_lagging.empty()) {
+    stats::Count(stats::Counter::kFollowUnanswered, result.newly_lagging.size());
     VMMIPC_LOG_WARN(
         "follow: importer pid {} did not answer the {} of {} chunk(s) from 0x{:x} within {} ms "
-        "(stopped or hung?); going on without it",
-        PidList(result.unanswered), what, notices.size(), notices.front().base, timeout_ms);
+        "(stopped or hung?); not waiting for it again until it answers, then it is sent what "
+        "it missed",
+        PidList(result.newly_lagging), what, notices.size(), notices.front().base, timeout_ms);
   }
   return result;
 }
 
-// The importers that should hear of a resume: those that followed the
-// pause, and those that did not answer it in time (they may still follow).
+// The followers that should hear of a resume: those that followed the
+// pause, and the lagging ones (they catch up).
 std::vector<uint32_t> Followers(const std::vector<uint32_t>& holders,
                                 const transport::NotifyResult& result, size_t notice) {
   std::vector<uint32_t> followers = result.done[notice];
-  for (uint32_t pid : holders)
-    if (std::count(result.unanswered.begin(), result.unanswered.end(), pid) != 0 &&
-        std::count(followers.begin(), followers.end(), pid) == 0)
-      followers.push_back(pid);
+  for (uint32_t follower : holders)
+    if (std::count(result.lagging.begin(), result.lagging.end(), follower) != 0 &&
+        std::count(followers.begin(), followers.end(), follower) == 0)
+      followers.push_back(follower);
   return followers;
 }
 
@@ -116,19 +119,39 @@ AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, c
   return status;
 }
 
+// Logs `event` for this exporter's opens in flight (they apply it before
+// they map: state/in_flight_opens.h). A resume's fd is shared by them.
+bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter,
+                         const Event& event, ScopedFd fd) {
+  state::FollowEvent logged;
+  logged.resume = event.kind == EventKind::kResume;
+  logged.base = event.base;
+  logged.size = event.size;
+  logged.generation = static_cast<uint32_t>(event.generation);
+  if (fd.valid()) logged.fd = std::make_shared<ScopedFd>(std::move(fd));
+  return state.importer.LogForOpensInFlight(exporter, logged);
+}
+
 // The follow thread's handler: one event of exporter `tag` (pid << 32 | instance).
 AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   try {
     ProcessState& state = State();
     UseFollowContext(state);
     const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
-    const std::optional<uint32_t> slot = state.importer.RankSlotOf(exporter);
-    if (!slot) return AckStatus::kNotHeld;  // every open of it was closed
-    // The placement lock of the exporter's slot, as opens and closes take
-    // it: a close cannot unmap what this maps, nor an open probe it.
-    std::lock_guard<std::mutex> placement(state.importer.placement_mutex(*slot, exporter.pid));
-    return event.kind == EventKind::kPause ? FollowPause(state, exporter, event)
-                                           : FollowResume(state, exporter, event, fd.get());
+    // Every placement lock of the exporter's opens, recorded and in flight,
+    // as opens and closes take one of them: no close can unmap what this
+    // maps, no open can probe it, and no open in flight can be between
+    // taking its log and recording its chunks (state/in_flight_opens.h).
+    const std::vector<size_t> indexes = state.importer.PlacementIndexesOf(exporter);
+    if (indexes.empty()) return AckStatus::kNotHeld;  // every open of it was closed
+    std::vector<std::unique_lock<std::mutex>> placement;
+    for (size_t index : indexes) placement.emplace_back(state.importer.placement_mutex_at(index));
+    AckStatus status = event.kind == EventKind::kPause
+                           ? FollowPause(state, exporter, event)
+                           : FollowResume(state, exporter, event, fd.get());
+    if (LogForOpensInFlight(state, exporter, event, std::move(fd)) && status == AckStatus::kNotHeld)
+      status = AckStatus::kDone;  // an open in flight holds it: it will not map the old memory
+    return status;
   } catch (...) {
     return AckStatus::kFailed;
   }
@@ -150,7 +173,7 @@ void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
     notice.base = record.base;
     notice.size = record.size;
     notice.generation = record.generation;
-    notice.pids = taken.holders[i];
+    notice.followers = taken.holders[i];
     notices.push_back(std::move(notice));
     holders.push_back(&taken.holders[i]);
   }
@@ -172,12 +195,12 @@ void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
   if (mapping.posix_fd_exportable) exported = FdForChunk(state, mapping, &fd);
   if (exported != CUDA_SUCCESS) {
     VMMIPC_LOG_WARN(
-        "follow: the memory mapped again at 0x{:x} cannot be exported ({}); importer pid {} "
-        "keep(s) the range unmapped",
+        "follow: the memory mapped again at 0x{:x} cannot be exported ({}); {} importer(s) "
+        "keep the range unmapped",
         mapping.base,
         mapping.posix_fd_exportable ? driver::ErrorName(exported)
                                     : "created without POSIX fd export",
-        PidList(paused->holders));
+        paused->holders.size());
     return;
   }
   transport::WatchNotice notice;
@@ -186,16 +209,24 @@ void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
   notice.size = mapping.size;
   notice.generation = mapping.generation;
   notice.fd = fd.get();
-  notice.pids = paused->holders;
+  notice.followers = paused->holders;
   const transport::NotifyResult result = Notify(state, {notice}, "resume");
   // They hold the new memory now: a later pause tells them again.
-  for (uint32_t pid : Followers(paused->holders, result, 0))
-    state.exporter.mappings().AddHolder(mapping.base, mapping.generation, pid);
+  for (uint32_t follower : Followers(paused->holders, result, 0))
+    state.exporter.mappings().AddHolder(mapping.base, mapping.generation, follower);
 }
 
-bool WantsWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
+bool StartWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
   if (!config::Get().follow) return false;
-  return !state.importer.Watches(Tag(pid, instance));
+  return state.importer.StartWatch(Tag(pid, instance), static_cast<int>(config::Get().timeout_ms));
+}
+
+void EndWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
+  state.importer.EndWatch(Tag(pid, instance));
+}
+
+uint32_t FollowerId(ProcessState& state) {
+  return config::Get().follow ? state.importer.follower_id() : 0;
 }
 
 void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,

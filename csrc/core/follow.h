@@ -27,9 +27,13 @@ void FollowUnmap(ProcessState& state, const state::TakenMappings& taken);
 // memory and waits until they mapped it.
 void FollowMap(ProcessState& state, const state::VmmMapping& mapping);
 
-// Importer. True when this open should ask exporter (pid, instance) for a
-// watch connection: follow is on and none is kept yet.
-bool WantsWatch(ProcessState& state, uint32_t pid, uint32_t instance);
+// Importer. The follower id its requests carry: 0 with follow off.
+uint32_t FollowerId(ProcessState& state);
+// True when this open should ask exporter (pid, instance) for a watch
+// connection: follow is on, none is kept, and no other open is asking (one
+// that is, is waited for). A true answer is followed by EndWatch.
+bool StartWatch(ProcessState& state, uint32_t pid, uint32_t instance);
+void EndWatch(ProcessState& state, uint32_t pid, uint32_t instance);
 // Keeps the watch connection an open brought back (starts the follow thread
 // on first use). Failures are logged: that exporter is then not followed.
 void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,

@@ -2,6 +2,12 @@
 // reservation, and its fork reset.
 #include "core/import_side.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
 #include "common/parked.h"
 
 namespace vmmipc::core {
@@ -47,8 +53,29 @@ void ImportSide::Resume(uint64_t target, uint32_t generation) {
   WithTable([&](state::ImportTable& table) { table.Resume(target, generation); });
 }
 
-std::optional<uint32_t> ImportSide::RankSlotOf(const state::ExporterId& exporter) {
-  return WithTable([&](state::ImportTable& table) { return table.RankSlotOf(exporter); });
+std::vector<size_t> ImportSide::PlacementIndexesOf(const state::ExporterId& exporter) {
+  std::vector<size_t> indexes = WithTable([&](state::ImportTable& table) {
+    std::vector<size_t> found = in_flight_.LockIndexes(exporter);
+    for (uint32_t slot : table.RankSlotsOf(exporter))
+      found.push_back(PlacementIndex(slot, exporter.pid));
+    return found;
+  });
+  std::sort(indexes.begin(), indexes.end());
+  indexes.erase(std::unique(indexes.begin(), indexes.end()), indexes.end());
+  return indexes;
+}
+
+uint64_t ImportSide::BeginOpen(const state::ExporterId& exporter, size_t placement_index) {
+  return WithTable([&](state::ImportTable&) { return in_flight_.Begin(exporter, placement_index); });
+}
+
+std::vector<state::FollowEvent> ImportSide::EndOpen(uint64_t id, bool* overflowed) {
+  return WithTable([&](state::ImportTable&) { return in_flight_.End(id, overflowed); });
+}
+
+bool ImportSide::LogForOpensInFlight(const state::ExporterId& exporter,
+                                     const state::FollowEvent& event) {
+  return WithTable([&](state::ImportTable&) { return in_flight_.Log(exporter, event); });
 }
 
 std::optional<state::ZoneLayout> ImportSide::Zone(ReserveZone reserve) {
@@ -70,9 +97,34 @@ std::optional<state::ZoneLayout> ImportSide::ReservedZone() {
   return zone_;
 }
 
-bool ImportSide::Watches(uint64_t tag) {
+uint32_t ImportSide::follower_id() {
   std::lock_guard<std::mutex> lock(follow_mutex_);
-  return watch_client_ && watch_client_->Has(tag);
+  while (follower_id_ == 0) {
+    // Unguessable, so that no other process can claim this one's grants; the
+    // clock is only a last resort (it then names grants, it guards nothing).
+    if (getrandom(&follower_id_, sizeof(follower_id_), GRND_NONBLOCK) != sizeof(follower_id_))
+      follower_id_ = static_cast<uint32_t>(
+          std::chrono::steady_clock::now().time_since_epoch().count() ^ (getpid() << 16));
+  }
+  return follower_id_;
+}
+
+bool ImportSide::StartWatch(uint64_t tag, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(follow_mutex_);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (watch_requests_.count(tag) != 0)
+    if (watch_ended_.wait_until(lock, until) == std::cv_status::timeout) return false;
+  if (watch_client_ && watch_client_->Has(tag)) return false;
+  watch_requests_.insert(tag);
+  return true;
+}
+
+void ImportSide::EndWatch(uint64_t tag) {
+  {
+    std::lock_guard<std::mutex> lock(follow_mutex_);
+    watch_requests_.erase(tag);
+  }
+  watch_ended_.notify_all();
 }
 
 void ImportSide::AbandonAfterFork() noexcept {

@@ -22,22 +22,31 @@
 //    anchor_memory_mutex_ guards the anchors' memory, one allocation per
 //    device, and is held across the cuMemCreate that makes it (once per
 //    device); taken after a placement lock, never with import_mutex_.
-//  - follow_mutex_ guards the watch client's creation and its lookups; the
-//    client is never destroyed, and follow_context_ is written once, before
-//    the client (and its thread) exists.
+//  - follow_mutex_ guards the watch client's creation and its lookups and
+//    the watch requests in flight; the client is never destroyed, and
+//    follow_context_ is written once, before the client (and its thread)
+//    exists.
+//  - The in-flight opens (state/in_flight_opens.h) are read and written
+//    under import_mutex_. The follow thread handles an event under every
+//    placement lock of the exporter's opens, in the table and in flight
+//    (taken in index order; nothing else takes two), so an open's place ..
+//    record steps and an event of its exporter never interleave.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "state/handle_codec.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
+#include "state/in_flight_opens.h"
 #include "state/zone_anchors.h"
 #include "transport/peer_client.h"
 #include "transport/watch_client.h"
@@ -70,14 +79,26 @@ class ImportSide {
                                         uint32_t generation);
   std::vector<state::MappedChunk> PausedAt(const state::ExporterId& exporter, uint64_t base);
   void Resume(uint64_t target, uint32_t generation);
-  std::optional<uint32_t> RankSlotOf(const state::ExporterId& exporter);
+  // The placement locks (indexes, ascending, distinct) of every open of
+  // `exporter`, recorded or in flight; empty when it has none here.
+  std::vector<size_t> PlacementIndexesOf(const state::ExporterId& exporter);
+
+  // Follow: an open of `exporter` in flight (state::InFlightOpens).
+  uint64_t BeginOpen(const state::ExporterId& exporter, size_t placement_index);
+  std::vector<state::FollowEvent> EndOpen(uint64_t id, bool* overflowed);
+  // Logs `event` for the opens of `exporter` in flight; false when none is.
+  bool LogForOpensInFlight(const state::ExporterId& exporter, const state::FollowEvent& event);
 
   // The placement lock of a handle: its rank slot, or its exporter's pid
   // when the exporter has no rank (rank_slot is state::kUnranked).
-  std::mutex& placement_mutex(uint32_t rank_slot, uint32_t exporter_pid) {
+  static size_t PlacementIndex(uint32_t rank_slot, uint32_t exporter_pid) {
     const uint32_t key = rank_slot != state::kUnranked ? rank_slot : exporter_pid;
-    return placement_mutexes_[key % kPlacementLocks];
+    return key % kPlacementLocks;
   }
+  std::mutex& placement_mutex(uint32_t rank_slot, uint32_t exporter_pid) {
+    return placement_mutexes_[PlacementIndex(rank_slot, exporter_pid)];
+  }
+  std::mutex& placement_mutex_at(size_t index) { return placement_mutexes_[index]; }
 
   // The import zone: reserved by `reserve()` on the first call, nullopt when
   // that failed (then every import is placed best-effort). Fixed from then on.
@@ -112,8 +133,16 @@ class ImportSide {
     return it->second;
   }
 
-  // Follow. True when a watch connection to exporter `tag` is kept.
-  bool Watches(uint64_t tag);
+  // Follow. This process's follower id (random, never 0): the exporters
+  // record what they grant it, and keep its watch connection, under it.
+  uint32_t follower_id();
+  // True when this open should ask exporter `tag` for a watch connection:
+  // none is kept and no other open asks for one (one that does is waited
+  // for, at most `timeout_ms`, so that a grant never precedes the watch
+  // connection it is told on). A true answer must be followed by EndWatch.
+  bool StartWatch(uint64_t tag, int timeout_ms);
+  // The open that asked for a watch is done (KeepWatch ran, or it failed).
+  void EndWatch(uint64_t tag);
   // Keeps `connection` for exporter `tag`. The first call makes the watch
   // client with `make(&context)`, which writes the context its thread uses
   // first. False, with `*error`, when the client cannot keep it.
@@ -147,9 +176,14 @@ class ImportSide {
   state::ZoneLayout zone_;
   ZoneState zone_state_ = ZoneState::kUntried;
 
+  state::InFlightOpens in_flight_;  // under import_mutex_
+
   std::mutex follow_mutex_;
+  std::condition_variable watch_ended_;
+  std::set<uint64_t> watch_requests_;  // exporters a watch is being asked of
   std::unique_ptr<transport::WatchClient> watch_client_;
   void* follow_context_ = nullptr;
+  uint32_t follower_id_ = 0;
 };
 
 }  // namespace vmmipc::core

@@ -78,14 +78,13 @@ transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRe
     grant.generation = chunk.generation;
     reply.chunks.push_back(std::move(grant));
   }
-  if (!state.exporter.mappings().StillMapped(run))
+  // Follow: who holds each chunk, to be told when it is unmapped, recorded
+  // in the same step as the last check (state/vmm_mappings.h).
+  const uint32_t follower = config::Get().follow ? request.follower : 0;
+  if (!state.exporter.mappings().StillMapped(run, follower))
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
                               first.base));
-  // Follow: who holds each chunk, to be told when it is unmapped.
-  if (config::Get().follow)
-    for (const state::VmmMapping& chunk : run)
-      state.exporter.mappings().AddHolder(chunk.base, chunk.generation, request.peer_pid);
   return reply;
 }
 
@@ -184,6 +183,18 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   options.timeout_ms = static_cast<int>(params.timeout_ms);
   options.max_workers = static_cast<int>(params.listener_threads);
   options.keep_watchers = params.follow;
+  // A lagging follower's catch-up resume: the memory mapped at `base` now,
+  // if it is still the generation the follower missed (on the listener's thread).
+  options.resume_fd = [](uint64_t base, uint64_t generation) {
+    ProcessState& state = State();
+    UseExportContext(state);
+    ScopedFd fd;
+    const std::optional<state::VmmMapping> mapping = state.exporter.mappings().Find(base);
+    if (!mapping || mapping->base != base || mapping->generation != generation ||
+        !mapping->posix_fd_exportable || FdForChunk(state, *mapping, &fd) != CUDA_SUCCESS)
+      return ScopedFd();
+    return fd;
+  };
   // Refusals the transport makes itself (uid, MAC, malformed) never reach
   // Serve: count every refusal, grant and drop where it is sent.
   options.events.refused = [](transport::RefuseReason reason) { stats::CountRefusal(reason); };

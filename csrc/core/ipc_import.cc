@@ -190,6 +190,74 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   return CUDA_SUCCESS;
 }
 
+// Follow's part in one open (VMMIPC_FOLLOW=1): the watch connection it may
+// ask for, and its place among the opens in flight, from before the fetch
+// until it takes the events that arrived meanwhile, under its placement lock
+// (state/in_flight_opens.h). Both end on every path.
+class FollowedOpen {
+ public:
+  FollowedOpen(ProcessState& state, const state::Vmm2Handle& h)
+      : state_(state), exporter_{h.pid, h.instance}, follower_(FollowerId(state)) {
+    if (follower_ == 0) return;
+    watch_ = StartWatch(state, h.pid, h.instance);
+    in_flight_ = state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(h.rank_slot, h.pid));
+  }
+  ~FollowedOpen() {
+    bool overflowed = false;
+    if (in_flight_ != 0) state_.importer.EndOpen(in_flight_, &overflowed);
+    if (watch_) EndWatch(state_, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
+  }
+  FollowedOpen(const FollowedOpen&) = delete;
+  FollowedOpen& operator=(const FollowedOpen&) = delete;
+
+  uint32_t follower() const { return follower_; }
+  bool watch() const { return watch_; }
+  // Under the placement lock: the pauses and resumes of the exporter since
+  // the fetch began. False when more arrived than the log holds.
+  bool TakeMissed(std::vector<state::FollowEvent>* missed) {
+    if (in_flight_ == 0) return true;
+    bool overflowed = false;
+    *missed = state_.importer.EndOpen(in_flight_, &overflowed);
+    in_flight_ = 0;
+    return !overflowed;
+  }
+
+ private:
+  ProcessState& state_;
+  state::ExporterId exporter_;
+  uint32_t follower_ = 0;
+  bool watch_ = false;
+  uint64_t in_flight_ = 0;
+};
+
+// The fetched run as the open will place it, after what its exporter paused
+// and resumed while it was fetched: generations and fds updated in `chunks`
+// too, so that placement probes what will really be mapped.
+std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEvent>& missed,
+                                             std::vector<transport::ChunkGrant>* chunks,
+                                             const state::Vmm2Handle& h) {
+  std::vector<state::FetchedChunk> run;
+  for (const transport::ChunkGrant& grant : *chunks)
+    run.push_back({grant.address, grant.size, static_cast<uint32_t>(grant.generation),
+                   grant.fd.get(), false, false, nullptr});
+  if (missed.empty()) return run;
+  state::ApplyFollowEvents(missed, &run);
+  for (size_t i = 0; i < run.size(); ++i) {
+    (*chunks)[i].generation = run[i].generation;
+    if (run[i].paused) stats::Count(stats::Counter::kFollowPauses);
+    if (run[i].refused) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      VMMIPC_LOG_WARN(
+          "follow: pid {} resumed 0x{:x} with other memory while it was being opened here; not "
+          "mapped: the range stays unmapped until it is closed",
+          h.pid, run[i].address);
+    }
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} paused or resumed {} time(s) while 0x{:x} was opened here",
+                   h.pid, missed.size(), h.address);
+  return run;
+}
+
 }  // namespace
 
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
@@ -251,9 +319,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
                                   h.chunk_size, h.region_base, h.generation, h.rank_slot};
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
-  const bool watch = WantsWatch(state, h.pid, h.instance);
+  FollowedOpen followed(state, h);
   transport::FetchResult fetched = transport::FetchChunks(
-      request, {params.socket_dir, static_cast<int>(params.timeout_ms), watch});
+      request, {params.socket_dir, static_cast<int>(params.timeout_ms), followed.watch(),
+                followed.follower()});
   if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
   stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
@@ -272,6 +341,16 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   // Another thread may have opened the same handle while we fetched (the
   // fetched fds then close unused).
   if (Reopened(state, key, pointer)) return CUDA_SUCCESS;
+  std::vector<state::FollowEvent> missed;
+  if (!followed.TakeMissed(&missed)) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter paused and resumed its memory more "
+        "than {} times while it was opened; try again",
+        h.pid, h.address, state::InFlightOpens::kMaxEvents);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  const std::vector<state::FetchedChunk> run = ApplyMissed(missed, &fetched.chunks, h);
   const auto place_start = SteadyClock::now();
   Placement placement;
   VMMIPC_RETURN_IF_ERROR(PlaceRun(state, h, fetched.chunks, &placement));
@@ -281,7 +360,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   const state::ExporterId exporter{h.pid, h.instance};
   state::OpenRecord record;
   std::vector<state::MappedChunk> mapped_now;
-  std::vector<const transport::ChunkGrant*> to_map;
+  std::vector<int> fd_to_map;  // per chunk of mapped_now; -1: paused, nothing to map
   const uint64_t run_size = fetched.chunks.back().address + fetched.chunks.back().size - run_base;
   const bool other_run = state.importer.WithTable([&](state::ImportTable& imports) {
     // Another handle's open returned this pointer for another run (only
@@ -289,20 +368,21 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     if (imports.UseOf(placement.run_target + (h.address - run_base), placement.run_target,
                       run_size) == state::PointerUse::kOtherRun)
       return true;
-    for (const auto& chunk : fetched.chunks) {
+    for (const state::FetchedChunk& chunk : run) {
       state::MappedChunk mapped{placement.run_target + (chunk.address - run_base),
                                 chunk.size,
                                 exporter,
                                 chunk.address,
-                                static_cast<uint32_t>(chunk.generation),
+                                chunk.generation,
                                 0,
-                                static_cast<int32_t>(device)};
+                                static_cast<int32_t>(device),
+                                chunk.paused};
       record.chunks.push_back(mapped.target);
       if (imports.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
                         mapped.generation) == state::ChunkProbe::kSame)
         continue;  // an earlier open mapped it already: shared, reference counted
       mapped_now.push_back(mapped);
-      to_map.push_back(&chunk);
+      fd_to_map.push_back(chunk.paused ? -1 : chunk.fd);
     }
     return false;
   });
@@ -323,15 +403,20 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
     result = CUDA_ERROR_MAP_FAILED;
   size_t mapped_count = 0;
   for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
-    result = MapChunk(to_map[mapped_count]->fd.get(), mapped_now[mapped_count].target,
-                      mapped_now[mapped_count].size);
+    if (fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
+    result =
+        MapChunk(fd_to_map[mapped_count], mapped_now[mapped_count].target, mapped_now[mapped_count].size);
     if (result != CUDA_SUCCESS) break;
   }
   const uint64_t import_and_map_us = MicrosSince(map_start);
   // One cuMemSetAccess per contiguous stretch of new chunks.
   for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
+    if (fd_to_map[i] < 0) {
+      ++i;
+      continue;
+    }
     size_t j = i + 1;
-    while (j < mapped_now.size() &&
+    while (j < mapped_now.size() && fd_to_map[j] >= 0 &&
            mapped_now[j].target == mapped_now[j - 1].target + mapped_now[j - 1].size)
       ++j;
     const uint64_t end = mapped_now[j - 1].target + mapped_now[j - 1].size;
@@ -340,7 +425,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   }
   if (result != CUDA_SUCCESS) {
     stats::Count(stats::Counter::kOpenFailedMap);
-    for (size_t i = 0; i < mapped_count; ++i) UnmapChunk(mapped_now[i].target, mapped_now[i].size);
+    for (size_t i = 0; i < mapped_count; ++i)
+      if (fd_to_map[i] >= 0) UnmapChunk(mapped_now[i].target, mapped_now[i].size);
     if (placement.private_reservation != 0)
       FreeReservation(placement.private_reservation, placement.private_size);
     return result;

@@ -1,6 +1,8 @@
 // Reference counting of imported chunks and open pointers.
 #include "state/import_table.h"
 
+#include <algorithm>
+
 namespace vmmipc::state {
 
 std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key) {
@@ -156,10 +158,13 @@ std::vector<MappedChunk> ImportTable::ChunksIn(uint64_t begin, uint64_t end) con
   return found;
 }
 
-std::optional<uint32_t> ImportTable::RankSlotOf(const ExporterId& exporter) const {
+std::vector<uint32_t> ImportTable::RankSlotsOf(const ExporterId& exporter) const {
+  std::vector<uint32_t> slots;
   for (const auto& [pointer, record] : opens_)
-    if (record.key.exporter == exporter) return record.key.rank_slot;
-  return std::nullopt;
+    if (record.key.exporter == exporter &&
+        std::find(slots.begin(), slots.end(), record.key.rank_slot) == slots.end())
+      slots.push_back(record.key.rank_slot);
+  return slots;
 }
 
 const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {

@@ -130,9 +130,9 @@ class ImportTable {
   std::vector<MappedChunk> PausedAt(const ExporterId& exporter, uint64_t exporter_address) const;
   // The paused chunk at importer address `target` is mapped again, as `generation`.
   void Resume(uint64_t target, uint32_t generation);
-  // The rank slot the opens of `exporter` were made under (their placement
-  // lock); nullopt when none is open.
-  std::optional<uint32_t> RankSlotOf(const ExporterId& exporter) const;
+  // The rank slots the opens of `exporter` were made under (their placement
+  // locks), each once; empty when none is open.
+  std::vector<uint32_t> RankSlotsOf(const ExporterId& exporter) const;
 
   // Every chunk (paused or not) that overlaps [begin, end), ascending.
   std::vector<MappedChunk> ChunksIn(uint64_t begin, uint64_t end) const;

@@ -79,23 +79,30 @@ std::vector<VmmMapping> VmmMappings::Run(uint64_t base, uint64_t end, size_t max
   return run;
 }
 
-bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run) const {
-  std::shared_lock lock(mutex_);
+bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run, uint32_t follower) {
+  std::unique_lock lock(mutex_);
   for (const VmmMapping& m : run) {
     auto it = records_.find(m.base);
     if (it == records_.end() || it->second.mapping.generation != m.generation ||
         it->second.mapping.size != m.size)
       return false;
   }
+  if (follower != 0)
+    for (const VmmMapping& m : run) {
+      std::vector<uint32_t>& holders = records_.find(m.base)->second.holders;
+      if (std::find(holders.begin(), holders.end(), follower) == holders.end())
+        holders.push_back(follower);
+    }
   return true;
 }
 
-void VmmMappings::AddHolder(uint64_t base, uint32_t generation, uint32_t pid) {
+void VmmMappings::AddHolder(uint64_t base, uint32_t generation, uint32_t follower) {
   std::unique_lock lock(mutex_);
   auto it = records_.find(base);
   if (it == records_.end() || it->second.mapping.generation != generation) return;
   std::vector<uint32_t>& holders = it->second.holders;
-  if (std::find(holders.begin(), holders.end(), pid) == holders.end()) holders.push_back(pid);
+  if (std::find(holders.begin(), holders.end(), follower) == holders.end())
+    holders.push_back(follower);
 }
 
 void VmmMappings::NotePaused(PausedChunk chunk) {

@@ -48,8 +48,8 @@ struct VmmMapping {
 struct TakenMappings {
   std::vector<VmmMapping> records;
   std::vector<ScopedFd> fds;
-  // Per record: the importers (pids) it was granted to, when follow records
-  // them (AddHolder); they are told of the unmap.
+  // Per record: the followers (importers' follower ids) it was granted to,
+  // when follow records them (StillMapped, AddHolder); they are told of the unmap.
   std::vector<std::vector<uint32_t>> holders;
 };
 
@@ -80,13 +80,16 @@ class VmmMappings {
   // next mapping starts where the previous one ends, below `end`; at most
   // `max_chunks` records. One consistent snapshot.
   std::vector<VmmMapping> Run(uint64_t base, uint64_t end, size_t max_chunks) const;
-  // True when every record of `run` is still in the table with its generation.
-  bool StillMapped(const std::vector<VmmMapping>& run) const;
+  // True when every record of `run` is still in the table with its
+  // generation; then, when `follower` is not 0, records it as a holder of
+  // each, in the same step: an unmap (Take) either comes first, and the grant
+  // is refused, or sees the holder, and tells it.
+  bool StillMapped(const std::vector<VmmMapping>& run, uint32_t follower = 0);
   size_t size() const;
 
   // Follow: who holds what.
-  // Records that importer `pid` was granted the mapping at `base` of `generation`.
-  void AddHolder(uint64_t base, uint32_t generation, uint32_t pid);
+  // Records that `follower` holds the mapping at `base` of `generation`.
+  void AddHolder(uint64_t base, uint32_t generation, uint32_t follower);
   // Remembers a chunk the importers `holders` unmapped with the exporter.
   // Bounded: past kMaxPaused the oldest is forgotten (its importers then
   // keep their range unmapped after a resume; close still works).
@@ -119,7 +122,7 @@ class VmmMappings {
     VmmMapping mapping;
     ScopedFd fd;                    // the exported fd, when cached
     uint64_t last_use = 0;          // cache clock, for eviction
-    std::vector<uint32_t> holders;  // importers granted it (follow only)
+    std::vector<uint32_t> holders;  // followers granted it (follow only)
   };
   void TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken);
   mutable std::shared_mutex mutex_;

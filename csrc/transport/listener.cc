@@ -148,6 +148,9 @@ void Listener::Impl::Run() noexcept {
       break;
     }
     if (pfds[0].revents != 0) break;
+    // Lagging followers that answer again get what they missed (watchers.h);
+    // at least once a poll period, without waiting on anyone.
+    if (context.watchers != nullptr) context.watchers->Maintain();
     // Requests first (their peers are waiting), then the deadlines, then new peers.
     std::vector<Connection> still_waiting;
     still_waiting.reserve(waiting.size());
@@ -406,6 +409,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
     impl->context.name = address.display;
     impl->context.events = options.events;
     impl->context.watchers = options.keep_watchers ? &impl->watchers : nullptr;
+    impl->watchers.SetResumeFdSource(options.resume_fd);
     try {
       Impl* raw = impl.get();
       impl->thread = StartQuietThread("vmmipc-listen", [raw] { raw->Run(); });

@@ -34,6 +34,7 @@ struct ServeRequest {
   uint64_t chunk_base = 0;  // base of the chunk holding `address`, as get saw it
   uint64_t generation = 0;  // that chunk's generation as get saw it
   bool watch = false;       // the importer asks to keep the connection for events
+  uint32_t follower = 0;    // the importer's follower id (follow), 0 if it does not follow
 };
 
 struct ServeReply {
@@ -60,6 +61,7 @@ struct ListenerOptions {
   int timeout_ms = 5000;       // per connection: receive, send
   int max_workers = 4;         // worker threads (at least 1), started as needed
   bool keep_watchers = false;  // keep the connections of requests that ask to watch
+  ResumeFdSource resume_fd;    // with keep_watchers: fds for a lagging follower's catch-up
   ListenerEvents events;
 };
 

@@ -121,6 +121,7 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
 
   wire::Request wire_request;
   wire_request.flags = options.watch ? wire::kRequestFlagWatch : 0;
+  wire_request.follower = options.follower;
   wire_request.exporter_pid = request.exporter_pid;
   wire_request.address = request.address;
   wire_request.chunk_base = request.chunk_base;

@@ -32,6 +32,7 @@ struct ClientOptions {
   std::string socket_dir;  // empty: abstract socket
   int timeout_ms = 5000;   // bound on the whole exchange
   bool watch = false;      // ask the exporter to keep the connection for events (follow)
+  uint32_t follower = 0;   // this importer's follower id (follow; required with watch)
 };
 
 // A connection kept after a fetch with ClientOptions::watch: the exporter

@@ -233,6 +233,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.chunk_base = request.chunk_base;
   out->request.generation = request.generation;
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
+  out->request.follower = request.follower;
   return ReadOutcome::kReady;
 }
 
@@ -309,22 +310,25 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
 bool PrepareReply(PendingRequest& request, const ServeContext& context,
                   ServeReply* reply) noexcept {
   try {
+    // The watcher first, so that a pause after the grant is told (watchers.h).
+    if (request.request.watch && context.watchers != nullptr)
+      request.watcher = context.watchers->Reserve(request.request.follower, request.peer.pid,
+                                                  request.key, request.nonce);
     if (Prepare(request, context, reply)) return true;
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
   } catch (...) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
   }
+  if (request.watcher) context.watchers->Cancel(request.watcher);
   Close(std::move(request.fd), context);
   return false;
 }
 
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
   try {
-    if (SendGrants(request, context, reply.chunks) && request.request.watch &&
-        context.watchers != nullptr &&
-        context.watchers->Adopt(std::move(request.fd), request.peer.pid, request.key,
-                                request.nonce)) {
+    if (SendGrants(request, context, reply.chunks) && request.watcher) {
+      context.watchers->Activate(request.watcher, std::move(request.fd));
       VMMIPC_LOG_DEBUG("listener {}: importer pid {} watches this process", context.name,
                        request.peer.pid);
       return;
@@ -334,6 +338,7 @@ void SendReply(PendingRequest request, ServeReply reply, const ServeContext& con
   } catch (...) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
   }
+  if (request.watcher) context.watchers->Cancel(request.watcher);
   Close(std::move(request.fd), context);
 }
 

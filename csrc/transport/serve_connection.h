@@ -57,6 +57,8 @@ struct PendingRequest {
   wire::Nonce nonce{};
   SipKey key;  // of the handle the request named: MACs every answer to it
   ServeRequest request;
+  // A watch request's watcher, reserved before it is served (watchers.h).
+  Watchers::Reservation watcher;
 };
 
 // Reads the peer's credentials and sets the request deadline. False (the

@@ -1,4 +1,5 @@
-// The watch connections' registry and the event/ack exchange on them.
+// The watch connections' registry, the event/ack exchange on them, and the
+// lagging followers' backlogs and catch-up.
 #include "transport/watchers.h"
 
 #include <poll.h>
@@ -8,20 +9,35 @@
 #include <deque>
 
 #include "common/log.h"
-#include "transport/fd_channel.h"
 
 namespace vmmipc::transport {
 
 struct Watchers::Watcher {
-  ScopedFd fd;
-  uint32_t pid = 0;
+  enum class State { kReplying, kActive, kGone };
+  ScopedFd fd;  // set by Activate
+  uint32_t follower = 0;
+  uint32_t pid = 0;  // for log lines only: holders are followers, never pids
   SipKey key;
   wire::Nonce nonce{};
-  uint32_t sequence = 0;  // of the last event sent; under notify_mutex_
+  std::atomic<State> state{State::kReplying};  // written under list_mutex_
+  std::atomic<bool> dead{false};
+  std::atomic<bool> lagging{false};  // written under notify_mutex_
+  // Under notify_mutex_ from here on.
+  uint32_t sequence = 0;  // of the last event sent
   // Events sent and not acked yet, oldest first, as (sequence, notice index
-  // in the current Notify; -1 for one left over from an earlier Notify).
+  // in the current Notify; -1 for one of an earlier Notify or a catch-up).
   std::deque<std::pair<uint32_t, int>> outstanding;
-  bool dead = false;
+  // A lagging follower's missed notices, one entry per chunk base: what it
+  // holds of the chunk after the last event sent to it, and what is there now.
+  struct Missed {
+    bool held_mapped = false;
+    uint64_t held_generation = 0;
+    uint64_t held_size = 0;
+    bool now_mapped = false;
+    uint64_t now_generation = 0;
+    uint64_t now_size = 0;
+  };
+  std::map<uint64_t, Missed> backlog;
   // The last holder closes it, through the reaper if the peer left anything queued.
   ~Watcher() { CloseConnection(std::move(fd)); }
 };
@@ -31,41 +47,69 @@ namespace {
 // True when the peer hung up or the socket is in error: poll without waiting.
 bool HungUp(int fd) {
   pollfd p{fd, POLLIN | POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) != 0;
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) != 0 &&
+         (p.revents & POLLIN) == 0;
 }
 
-bool Contains(const std::vector<uint32_t>& pids, uint32_t pid) {
-  return std::find(pids.begin(), pids.end(), pid) != pids.end();
+bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
 }  // namespace
 
-bool Watchers::Adopt(ScopedFd fd, uint32_t pid, const SipKey& key, const wire::Nonce& nonce) {
+Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
+                                        const wire::Nonce& nonce) {
   auto watcher = std::make_shared<Watcher>();
+  watcher->follower = follower;
   watcher->pid = pid;
   watcher->key = key;
   watcher->nonce = nonce;
   std::vector<std::shared_ptr<Watcher>> gone;  // closed after the lock (or by a Notify using one)
   std::lock_guard<std::mutex> lock(list_mutex_);
-  // Importers that exited since: their connections report a hang-up. Only
-  // looked at here, never read (Notify reads, under its own lock).
+  // Importers that exited since, and the follower's earlier connection (one
+  // per follower: the new one replaces it). Only looked at here, never read.
   for (auto it = list_.begin(); it != list_.end();) {
-    if (HungUp((*it)->fd.get())) {
+    Watcher& w = **it;
+    if (w.follower == follower ||
+        (w.state == Watcher::State::kActive && !w.lagging && HungUp(w.fd.get()))) {
+      w.dead = true;
+      w.state = Watcher::State::kGone;
       gone.push_back(std::move(*it));
       it = list_.erase(it);
     } else {
       ++it;
     }
   }
-  if (list_.size() >= kMaxWatchers) return false;
-  watcher->fd = std::move(fd);
-  list_.push_back(std::move(watcher));
-  return true;
+  activated_.notify_all();
+  if (list_.size() >= kMaxWatchers) return nullptr;
+  list_.push_back(watcher);
+  return watcher;
+}
+
+void Watchers::Activate(const Reservation& watcher, ScopedFd fd) {
+  {
+    std::lock_guard<std::mutex> lock(list_mutex_);
+    if (watcher->state != Watcher::State::kReplying) return;  // replaced meanwhile: fd closes
+    watcher->fd = std::move(fd);
+    watcher->state = Watcher::State::kActive;
+  }
+  activated_.notify_all();
+}
+
+void Watchers::Cancel(const Reservation& watcher) {
+  {
+    std::lock_guard<std::mutex> lock(list_mutex_);
+    watcher->dead = true;
+    watcher->state = Watcher::State::kGone;
+    list_.erase(std::remove(list_.begin(), list_.end(), watcher), list_.end());
+  }
+  activated_.notify_all();
 }
 
 void Watchers::Drop(const std::shared_ptr<Watcher>& watcher) {
   watcher->dead = true;
   std::lock_guard<std::mutex> lock(list_mutex_);
+  watcher->state = Watcher::State::kGone;
   list_.erase(std::remove(list_.begin(), list_.end(), watcher), list_.end());
 }
 
@@ -74,109 +118,283 @@ size_t Watchers::count() const {
   return list_.size();
 }
 
+size_t Watchers::lagging_count() const {
+  std::lock_guard<std::mutex> lock(list_mutex_);
+  return static_cast<size_t>(std::count_if(list_.begin(), list_.end(),
+                                           [](const auto& w) { return w->lagging.load(); }));
+}
+
+void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
+  auto it = watcher.backlog.find(notice.base);
+  if (it == watcher.backlog.end()) {
+    if (watcher.backlog.size() >= kMaxBacklog) return;  // checked by the caller
+    Watcher::Missed missed;
+    // Before this notice the follower held what it says changed: a pause
+    // takes a mapped chunk away, a resume maps a paused one.
+    missed.held_mapped = notice.kind == wire::EventKind::kPause;
+    missed.held_generation = notice.generation;
+    missed.held_size = notice.size;
+    it = watcher.backlog.emplace(notice.base, missed).first;
+  }
+  it->second.now_mapped = notice.kind == wire::EventKind::kResume;
+  it->second.now_generation = notice.generation;
+  it->second.now_size = notice.size;
+}
+
+bool Watchers::SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
+                         const Deadline& deadline, int stop_fd, bool* would_block) {
+  wire::Event numbered = event;
+  numbered.sequence = watcher.sequence + 1;
+  const auto bytes = wire::EncodeEvent(numbered, watcher.nonce, watcher.key);
+  const int fds[1] = {fd};
+  const IoResult io = SendMessage(watcher.fd.get(), bytes,
+                                  std::span<const int>(fds, fd >= 0 ? 1 : 0), deadline, stop_fd);
+  *would_block = io.status == IoStatus::kTimeout || io.status == IoStatus::kStopped;
+  if (io.ok()) {
+    watcher.sequence = numbered.sequence;
+    watcher.outstanding.emplace_back(numbered.sequence, notice);
+    return true;
+  }
+  if (*would_block) return true;
+  if (io.status != IoStatus::kPeerClosed)
+    VMMIPC_LOG_WARN(
+        "follow: sending an event to importer pid {} failed: {}; dropping its watch connection",
+        watcher.pid, IoStatusName(io.status));
+  return false;
+}
+
+bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
+  std::vector<uint8_t> buffer(wire::kAckSize + 1);
+  for (;;) {
+    // Looked at before it is taken: a watcher has no business sending fds,
+    // and one that does is closed through the reaper with them queued.
+    PeekedMessage peeked;
+    const IoResult io = PeekMessage(watcher.fd.get(), buffer, &peeked, Deadline::AfterMs(0));
+    if (io.status == IoStatus::kTimeout) return true;
+    wire::Ack ack;
+    const bool valid = io.ok() && !peeked.carries_fds && !peeked.truncated &&
+                       wire::ParseAck({buffer.data(), peeked.length}, watcher.nonce, watcher.key,
+                                      &ack) == wire::WireError::kOk;
+    if (!valid) {
+      if (io.status != IoStatus::kPeerClosed)
+        VMMIPC_LOG_WARN(
+            "follow: importer pid {} answered out of protocol; dropping its watch connection",
+            watcher.pid);
+      return false;
+    }
+    DiscardPeekedMessage(watcher.fd.get());
+    // Acks come in the order of the events: one for a later event means the
+    // ones before it were skipped (never, from a well-behaved importer).
+    while (!watcher.outstanding.empty() &&
+           static_cast<int32_t>(ack.sequence - watcher.outstanding.front().first) > 0)
+      watcher.outstanding.pop_front();
+    if (watcher.outstanding.empty() || watcher.outstanding.front().first != ack.sequence)
+      continue;  // an older, already-skipped event's ack
+    const int notice = watcher.outstanding.front().second;
+    watcher.outstanding.pop_front();
+    if (notice >= 0 && ack.status == wire::AckStatus::kDone)
+      result->done[static_cast<size_t>(notice)].push_back(watcher.follower);
+  }
+}
+
+void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
+  if (!watcher.lagging || !watcher.outstanding.empty()) return;
+  const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
+  for (auto it = watcher.backlog.begin(); it != watcher.backlog.end();) {
+    Watcher::Missed& missed = it->second;
+    bool would_block = false;
+    const bool same = missed.held_mapped == missed.now_mapped &&
+                      (!missed.now_mapped || missed.held_generation == missed.now_generation);
+    if (!same && missed.held_mapped) {
+      wire::Event pause;
+      pause.kind = wire::EventKind::kPause;
+      pause.base = it->first;
+      pause.size = missed.held_size;
+      pause.generation = missed.held_generation;
+      if (!SendEvent(watcher, pause, -1, -1, now, stop_fd, &would_block)) return;
+      if (would_block) return;
+      missed.held_mapped = false;
+    }
+    if (!same && missed.now_mapped) {
+      ScopedFd fd = resume_fd_ ? resume_fd_(it->first, missed.now_generation) : ScopedFd();
+      if (!fd.valid()) {
+        // Changed again since: the notice that changed it is folded in too.
+        ++it;
+        continue;
+      }
+      wire::Event resume;
+      resume.kind = wire::EventKind::kResume;
+      resume.base = it->first;
+      resume.size = missed.now_size;
+      resume.generation = missed.now_generation;
+      if (!SendEvent(watcher, resume, fd.get(), -1, now, stop_fd, &would_block)) return;
+      if (would_block) return;
+    }
+    it = watcher.backlog.erase(it);
+  }
+  if (!watcher.backlog.empty()) return;
+  watcher.lagging = false;
+  VMMIPC_LOG_INFO("follow: importer pid {} answers again and was sent what it missed", watcher.pid);
+}
+
 NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeout_ms,
                               int stop_fd) {
   NotifyResult result;
   result.done.resize(notices.size());
   std::lock_guard<std::mutex> notifying(notify_mutex_);
-  std::vector<std::shared_ptr<Watcher>> targets;
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  struct Target {
+    std::shared_ptr<Watcher> watcher;
+    std::vector<size_t> notices;  // indexes into `notices`, to send in order
+    size_t next = 0;              // the first not sent yet
+  };
+  std::vector<Target> targets;
+  {
+    std::unique_lock<std::mutex> lock(list_mutex_);
+    for (const auto& watcher : list_) {
+      Target target{watcher, {}, 0};
+      for (size_t i = 0; i < notices.size(); ++i)
+        if (Contains(notices[i].followers, watcher->follower)) target.notices.push_back(i);
+      if (!target.notices.empty()) targets.push_back(std::move(target));
+    }
+    // A watcher whose reply is still being sent: its events go after the
+    // reply (the same connection), so wait for it, within the one deadline.
+    auto replying = [&] {
+      return std::any_of(targets.begin(), targets.end(), [](const Target& t) {
+        return t.watcher->state == Watcher::State::kReplying;
+      });
+    };
+    while (replying() && !deadline.Expired())
+      activated_.wait_for(lock, std::chrono::milliseconds(deadline.RemainingMs()));
+  }
+  auto lag = [&](Target& target, bool newly) {
+    Watcher& watcher = *target.watcher;
+    if (!watcher.lagging) watcher.lagging = true;
+    for (size_t k = target.next; k < target.notices.size(); ++k) {
+      if (watcher.backlog.size() >= kMaxBacklog && !watcher.backlog.count(notices[k].base)) {
+        VMMIPC_LOG_ERROR(
+            "follow: importer pid {} missed pauses and resumes of more than {} chunks; dropping "
+            "its watch connection: its mappings are no longer followed",
+            watcher.pid, kMaxBacklog);
+        Drop(target.watcher);
+        return;
+      }
+      Fold(watcher, notices[target.notices[k]]);
+    }
+    target.next = target.notices.size();
+    // Sent and not acked: the follower still reads them when it runs, but
+    // they are no longer this call's to wait for.
+    for (auto& [sequence, notice] : watcher.outstanding) notice = -1;
+    result.lagging.push_back(watcher.follower);
+    if (newly) result.newly_lagging.emplace_back(watcher.follower, watcher.pid);
+  };
+  for (Target& target : targets) {
+    Watcher& watcher = *target.watcher;
+    if (watcher.dead) continue;  // cancelled: its grant never went out
+    if (watcher.state != Watcher::State::kActive) {
+      lag(target, /*newly=*/true);  // its reply is stuck: it is told when it answers
+      continue;
+    }
+    if (watcher.lagging) {
+      // Answering again? Then it gets what it missed first, and these after.
+      if (!ReadAcks(watcher, &result)) {
+        Drop(target.watcher);
+        continue;
+      }
+      CatchUp(watcher, stop_fd);
+      if (watcher.lagging) lag(target, /*newly=*/false);
+    }
+  }
+  // Sends and acks together, on every watcher at once: a follower that does
+  // not read holds up only its own events, never another's.
+  std::vector<pollfd> pfds;
+  std::vector<Target*> polled;
+  for (;;) {
+    pfds.clear();
+    polled.clear();
+    for (Target& target : targets) {
+      Watcher& watcher = *target.watcher;
+      if (watcher.dead || watcher.lagging || watcher.state != Watcher::State::kActive) continue;
+      short events = 0;
+      if (target.next < target.notices.size()) events |= POLLOUT;
+      if (std::any_of(watcher.outstanding.begin(), watcher.outstanding.end(),
+                      [](const auto& o) { return o.second >= 0; }))
+        events |= POLLIN;
+      if (events == 0) continue;
+      pfds.push_back({watcher.fd.get(), events, 0});
+      polled.push_back(&target);
+    }
+    if (polled.empty()) break;
+    pfds.push_back({stop_fd, POLLIN, 0});
+    const int n = ::poll(pfds.data(), pfds.size(), deadline.RemainingMs());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || (stop_fd >= 0 && pfds.back().revents != 0)) break;
+    for (size_t i = 0; i < polled.size(); ++i) {
+      const short revents = pfds[i].revents;
+      if (revents == 0) continue;
+      Target& target = *polled[i];
+      Watcher& watcher = *target.watcher;
+      if ((revents & POLLIN) != 0 && !ReadAcks(watcher, &result)) {
+        Drop(target.watcher);
+        continue;
+      }
+      if ((revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 && (revents & POLLIN) == 0) {
+        Drop(target.watcher);  // the importer exited: nothing to wait for
+        continue;
+      }
+      while ((revents & POLLOUT) != 0 && target.next < target.notices.size()) {
+        const size_t index = target.notices[target.next];
+        const WatchNotice& notice = notices[index];
+        wire::Event event;
+        event.kind = notice.kind;
+        event.base = notice.base;
+        event.size = notice.size;
+        event.generation = notice.generation;
+        bool would_block = false;
+        if (!SendEvent(watcher, event, notice.fd, static_cast<int>(index), Deadline::AfterMs(0),
+                       stop_fd, &would_block)) {
+          Drop(target.watcher);
+          break;
+        }
+        if (would_block) break;
+        ++target.next;
+        ++result.events_sent;
+      }
+    }
+  }
+  // Whoever is not done by now lags: it is not waited for again until it
+  // has answered everything sent, and gets the rest as catch-up events.
+  for (Target& target : targets) {
+    Watcher& watcher = *target.watcher;
+    if (watcher.dead || watcher.lagging) continue;
+    const bool late =
+        target.next < target.notices.size() ||
+        std::any_of(watcher.outstanding.begin(), watcher.outstanding.end(),
+                    [](const auto& o) { return o.second >= 0; });
+    if (late) lag(target, /*newly=*/true);
+  }
+  return result;
+}
+
+void Watchers::Maintain() {
+  std::vector<std::shared_ptr<Watcher>> lagging;
   {
     std::lock_guard<std::mutex> lock(list_mutex_);
     for (const auto& watcher : list_)
-      for (const WatchNotice& notice : notices)
-        if (Contains(notice.pids, watcher->pid)) {
-          targets.push_back(watcher);
-          break;
-        }
+      if (watcher->lagging) lagging.push_back(watcher);
   }
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  for (const auto& watcher : targets) {
-    for (size_t i = 0; i < notices.size() && !watcher->dead; ++i) {
-      const WatchNotice& notice = notices[i];
-      if (!Contains(notice.pids, watcher->pid)) continue;
-      wire::Event event;
-      event.kind = notice.kind;
-      event.sequence = ++watcher->sequence;
-      event.base = notice.base;
-      event.size = notice.size;
-      event.generation = notice.generation;
-      const auto bytes = wire::EncodeEvent(event, watcher->nonce, watcher->key);
-      const int fds[1] = {notice.fd};
-      const std::span<const int> attached(fds, notice.fd >= 0 ? 1 : 0);
-      const IoResult io = SendMessage(watcher->fd.get(), bytes, attached, deadline, stop_fd);
-      if (io.ok()) {
-        watcher->outstanding.emplace_back(event.sequence, static_cast<int>(i));
-        ++result.events_sent;
-        continue;
-      }
-      if (io.status != IoStatus::kPeerClosed)
-        VMMIPC_LOG_WARN(
-            "follow: sending an event to importer pid {} failed: {}; dropping its "
-            "watch connection",
-            watcher->pid, IoStatusName(io.status));
+  if (lagging.empty()) return;
+  std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
+  if (!notifying.owns_lock()) return;  // a Notify runs: it catches up whom it can
+  NotifyResult ignored;
+  for (const auto& watcher : lagging) {
+    if (watcher->dead || watcher->state != Watcher::State::kActive) continue;
+    if (HungUp(watcher->fd.get()) || !ReadAcks(*watcher, &ignored)) {
       Drop(watcher);
+      continue;
     }
+    CatchUp(*watcher, -1);
   }
-  // The acks, from every watcher at once, until all are in or time is up.
-  std::vector<uint8_t> buffer(wire::kAckSize + 1);
-  for (;;) {
-    std::vector<pollfd> pfds;
-    std::vector<std::shared_ptr<Watcher>> waiting;
-    for (const auto& watcher : targets)
-      if (!watcher->dead && !watcher->outstanding.empty()) {
-        pfds.push_back({watcher->fd.get(), POLLIN, 0});
-        waiting.push_back(watcher);
-      }
-    if (waiting.empty()) break;
-    pfds.push_back({stop_fd, POLLIN, 0});
-    const int n = ::poll(pfds.data(), pfds.size(), deadline.RemainingMs());
-    if (n < 0 && errno != EINTR) break;
-    if (n == 0 || (stop_fd >= 0 && pfds.back().revents != 0)) break;
-    for (size_t i = 0; i < waiting.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      Watcher& watcher = *waiting[i];
-      // Looked at before it is taken: a watcher has no business sending fds,
-      // and one that does is closed through the reaper with them queued.
-      PeekedMessage peeked;
-      const IoResult io = PeekMessage(watcher.fd.get(), buffer, &peeked, Deadline::AfterMs(0));
-      if (io.status == IoStatus::kTimeout) continue;
-      wire::Ack ack;
-      const bool valid = io.ok() && !peeked.carries_fds && !peeked.truncated &&
-                         wire::ParseAck({buffer.data(), peeked.length}, watcher.nonce, watcher.key,
-                                        &ack) == wire::WireError::kOk;
-      if (!valid) {
-        if (io.status != IoStatus::kPeerClosed)
-          VMMIPC_LOG_WARN(
-              "follow: importer pid {} answered out of protocol; dropping its watch "
-              "connection",
-              watcher.pid);
-        Drop(waiting[i]);
-        continue;
-      }
-      DiscardPeekedMessage(watcher.fd.get());
-      // An ack for an event of an earlier Notify that timed out: skip it.
-      while (!watcher.outstanding.empty() &&
-             static_cast<int32_t>(ack.sequence - watcher.outstanding.front().first) > 0)
-        watcher.outstanding.pop_front();
-      if (watcher.outstanding.empty() || watcher.outstanding.front().first != ack.sequence)
-        continue;  // an older, already-skipped event's ack
-      const int notice = watcher.outstanding.front().second;
-      watcher.outstanding.pop_front();
-      if (notice >= 0 && ack.status == wire::AckStatus::kDone)
-        result.done[static_cast<size_t>(notice)].push_back(watcher.pid);
-    }
-  }
-  for (const auto& watcher : targets) {
-    if (watcher->dead) continue;
-    bool late = false;
-    for (auto& [sequence, notice] : watcher->outstanding) {
-      late = late || notice >= 0;
-      notice = -1;  // its ack, if it ever comes, belongs to no Notify
-    }
-    if (late && !Contains(result.unanswered, watcher->pid))
-      result.unanswered.push_back(watcher->pid);
-  }
-  return result;
 }
 
 void Watchers::AbandonAfterFork() noexcept {
@@ -184,7 +402,8 @@ void Watchers::AbandonAfterFork() noexcept {
   if (!lock.owns_lock()) return;  // busy at the fork: leave the copies open
   // Our copies only, by a plain close: a shutdown() would end the parent's
   // connections too (it acts on the socket, not on the descriptor).
-  for (auto& watcher : list_) ::close(watcher->fd.Release());
+  for (auto& watcher : list_)
+    if (watcher->fd.valid()) ::close(watcher->fd.Release());
   list_.clear();
 }
 

@@ -1,24 +1,42 @@
-// Watchers: the exporter's kept watch connections, one per importer that
-// asked for one (kRequestFlagWatch on a request that was served), and the
-// events sent on them when the exporter unmaps or maps again memory that
-// importers hold (a memory saver's pause and resume: docs/protocol.md,
-// "Follow"). An event goes only to the importers named with it (those the
-// chunk was granted to); the caller waits for their acks, bounded.
+// Watchers: the exporter's kept watch connections, one per follower (an
+// importer process that follows, named by the random follower id of its
+// requests), and the events sent on them when the exporter unmaps or maps
+// again memory that followers hold (a memory saver's pause and resume:
+// docs/protocol.md, "Follow"). An event goes only to the followers named
+// with it (those the chunk was granted to).
 //
-// Threads: Adopt runs on the listener's threads, Notify on the thread that
-// unmaps or maps (the application's). One Notify at a time reads acks
-// (notify_mutex_); the list itself is guarded by list_mutex_, held only to
-// add, remove or copy entries, never across I/O. Entries are shared_ptrs so
-// that a Notify in progress keeps the ones it is talking to.
+// The order of the events that can race (docs/protocol.md, "Follow: the
+// order of events"):
+//  - A watch request and a pause: the watcher is reserved before the request
+//    is served, so a grant made under it is always told; an event for a
+//    watcher whose reply is still being sent waits (bounded) until the reply
+//    is out, so it follows the reply on the connection.
+//  - A follower that misses a deadline is lagging: it is not sent to or
+//    waited for again; what it misses is folded into a backlog of at most
+//    one entry per chunk it holds (the chunk's state then and now), and sent
+//    as catch-up events once it has acked everything sent before (checked at
+//    each Notify and by Maintain, on the listener's thread).
+//
+// Threads: Reserve/Activate/Cancel run on the listener's threads, Notify on
+// the thread that unmaps or maps (the application's), Maintain on the
+// listener's poll thread. One Notify or Maintain at a time talks to the
+// watchers (notify_mutex_; Maintain only tries it); the list is guarded by
+// list_mutex_, held only to add, remove or copy entries, never across I/O.
+// Entries are shared_ptrs so that a Notify in progress keeps its own.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "common/scoped_fd.h"
+#include "transport/fd_channel.h"
 #include "transport/siphash.h"
 #include "transport/wire.h"
 
@@ -28,45 +46,86 @@ struct WatchNotice {
   wire::EventKind kind = wire::EventKind::kPause;
   uint64_t base = 0;  // the chunk's base in this (the exporter's) process
   uint64_t size = 0;
-  uint64_t generation = 0;     // kPause: the one unmapped; kResume: the new one
-  int fd = -1;                 // kResume: the new memory's exported fd (borrowed), sent along
-  std::vector<uint32_t> pids;  // the importers it is for
+  uint64_t generation = 0;          // kPause: the one unmapped; kResume: the new one
+  int fd = -1;                      // kResume: the new memory's exported fd (borrowed), sent along
+  std::vector<uint32_t> followers;  // the follower ids it is for
 };
 
 struct NotifyResult {
-  std::vector<std::vector<uint32_t>> done;  // per notice: the pids that answered kDone
-  std::vector<uint32_t> unanswered;         // pids still connected that did not answer in time
+  std::vector<std::vector<uint32_t>> done;  // per notice: the followers that answered kDone
+  // Followers that hold the chunks but were not waited for: lagging, they
+  // get the notices as catch-up events later. They still follow.
+  std::vector<uint32_t> lagging;
+  // Of those, the ones that became lagging in this Notify (pid for the log).
+  std::vector<std::pair<uint32_t, uint32_t>> newly_lagging;  // (follower, pid)
   size_t events_sent = 0;
 };
+
+// Makes the fd of the memory mapped now at `base` with `generation`, for a
+// catch-up resume; invalid when that mapping is gone or changed.
+using ResumeFdSource = std::function<ScopedFd(uint64_t base, uint64_t generation)>;
 
 class Watchers {
  public:
   // At most this many watch connections; past it a request's connection is
-  // closed after its reply as without the flag (its importer is not told).
+  // closed after its reply as without the flag (its follower is not told).
   static constexpr size_t kMaxWatchers = 4096;
+  // A lagging follower's backlog holds one entry per chunk it holds; past
+  // this many it is dropped (logged).
+  static constexpr size_t kMaxBacklog = 1 << 20;
 
-  // Keeps `fd`, just answered, for events to importer `pid`. `key` and
-  // `nonce` are those of its request: they MAC every event and ack. Drops
-  // entries whose importer hung up. False (the caller closes `fd`) when full.
-  bool Adopt(ScopedFd fd, uint32_t pid, const SipKey& key, const wire::Nonce& nonce);
+  struct Watcher;
+  using Reservation = std::shared_ptr<Watcher>;
 
-  // Sends every notice to the watchers of its pids, then waits for their
-  // acks until `timeout_ms` passes or `stop_fd` becomes readable. Watchers
-  // that hung up, or answered out of protocol, are dropped.
+  void SetResumeFdSource(ResumeFdSource source) { resume_fd_ = std::move(source); }
+
+  // Before a watch request of `follower` (pid `pid`) is served: the watcher
+  // its connection will become, listed at once (replacing an earlier one of
+  // the same follower), so that a pause after its grant is told. Null when
+  // the list is full. `key` and `nonce` (the request's) MAC every event.
+  Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
+                      const wire::Nonce& nonce);
+  // The reply went out: `fd` is the watch connection from now on.
+  void Activate(const Reservation& watcher, ScopedFd fd);
+  // The reply did not go out: the watcher goes (the caller closes the connection).
+  void Cancel(const Reservation& watcher);
+
+  // Sends every notice to the watchers of its followers and waits for their
+  // acks until `timeout_ms` passes or `stop_fd` becomes readable: one bound
+  // for the whole call, whatever the number of notices and followers.
+  // Watchers that hung up, or answered out of protocol, are dropped.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms, int stop_fd);
 
+  // Lagging followers that have acked everything sent get their catch-up
+  // events; those that hung up are dropped. Never waits: returns at once
+  // when a Notify runs. Cheap when none is lagging.
+  void Maintain();
+
   size_t count() const;
+  size_t lagging_count() const;
 
   // A forked child: the connections belong to the parent's importers.
   // Forgets them without touching the parent's locks' state.
   void AbandonAfterFork() noexcept;
 
  private:
-  struct Watcher;
   void Drop(const std::shared_ptr<Watcher>& watcher);
+  // Folds `notice` into a lagging watcher's backlog.
+  void Fold(Watcher& watcher, const WatchNotice& notice);
+  // Reads every ack queued on `watcher` without waiting; false when the
+  // watcher must be dropped. Acks of current notices are added to `result`.
+  bool ReadAcks(Watcher& watcher, NotifyResult* result);
+  // Sends a lagging watcher's backlog, if it has acked everything; clears
+  // its lagging state when nothing is left. Never waits.
+  void CatchUp(Watcher& watcher, int stop_fd);
+  bool SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
+                 const Deadline& deadline, int stop_fd, bool* would_block);
+
   mutable std::mutex list_mutex_;
+  std::condition_variable activated_;  // a reserved watcher became active or went
   std::mutex notify_mutex_;
   std::vector<std::shared_ptr<Watcher>> list_;
+  ResumeFdSource resume_fd_;
 };
 
 }  // namespace vmmipc::transport

@@ -147,7 +147,7 @@ std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const Si
   Put16(p + 4, kVersion);
   Put16(p + 6, request.flags);
   Put32(p + 8, request.exporter_pid);
-  Put32(p + 12, 0);  // reserved
+  Put32(p + 12, request.follower);
   std::copy(request.nonce.begin(), request.nonce.end(), p + 16);
   Put64(p + 32, request.address);
   Put64(p + 40, request.chunk_base);
@@ -178,6 +178,7 @@ bool PeekRequestFields(std::span<const uint8_t> message, Request* out) {
   const uint8_t* p = message.data();
   out->flags = Get16(p + 6);
   out->exporter_pid = preamble.exporter_pid;
+  out->follower = Get32(p + 12);
   out->nonce = preamble.nonce;
   out->address = Get64(p + 32);
   out->chunk_base = Get64(p + 40);
@@ -194,7 +195,10 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   if (preamble.version != kVersion) return WireError::kBadVersion;
   if (message.size() != kRequestSize) return WireError::kBadLength;
   const uint8_t* p = message.data();
-  if ((Get16(p + 6) & ~kKnownRequestFlags) != 0 || Get32(p + 12) != 0 || Get16(p + 70) != 0)
+  // A watch request names the follower its connection is kept for.
+  const bool watch = (Get16(p + 6) & kRequestFlagWatch) != 0;
+  if ((Get16(p + 6) & ~kKnownRequestFlags) != 0 || Get16(p + 70) != 0 ||
+      (watch && Get32(p + 12) == 0))
     return WireError::kBadReserved;
   PeekRequestFields(message, out);
   return WireError::kOk;

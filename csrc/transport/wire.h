@@ -20,8 +20,8 @@ inline constexpr uint32_t kEventMagic = 0x56454d56;    // bytes "VMEV"
 inline constexpr uint32_t kAckMagic = 0x4b414d56;      // bytes "VMAK"
 
 // Request flags. kRequestFlagWatch: after the reply, keep this connection as
-// the importer's watch connection (events about chunks it was granted: a
-// pause or resume of a memory saver; docs/protocol.md, "Follow").
+// the watch connection of the request's follower (events about chunks it was
+// granted: a pause or resume of a memory saver; docs/protocol.md, "Follow").
 inline constexpr uint16_t kRequestFlagWatch = 1;
 inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch;
 
@@ -86,6 +86,11 @@ struct RequestPreamble {
 struct Request {
   uint16_t flags = 0;  // kRequestFlag*
   uint32_t exporter_pid = 0;
+  // Follow: the importer's follower id (random, never 0, one per importer
+  // process), under which the exporter records the grant's holder and keeps
+  // the watch connection; 0 from an importer that does not follow. Required
+  // with kRequestFlagWatch.
+  uint32_t follower = 0;
   Nonce nonce{};
   uint64_t address = 0;
   uint64_t chunk_base = 0;

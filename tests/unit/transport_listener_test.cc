@@ -659,8 +659,9 @@ TEST_F(TransportListener, MalformedRequestsAreRefusedAsBadRequest) {
     EXPECT_EQ(RawExchange(address, pid, [](auto* b) { b->pop_back(); }), -2);
     // This version with bad reserved bytes or trailing bytes: a kBadRequest
     // the holder of the handle it names can verify.
-    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[12] = 1; }), kBadRequest);
     EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[70] = 1; }), kBadRequest);
+    // The watch flag without a follower to keep the connection for.
+    EXPECT_EQ(RawExchange(address, pid, [](auto* b) { (*b)[6] = 1; }), kBadRequest);
     EXPECT_EQ(RawExchange(address, pid, [](auto* b) { b->push_back(0); }), kBadRequest);
     // A request carrying fds: where the kernel has SO_PASSRIGHTS the send
     // itself fails (-4); elsewhere the listener never takes the fds, and the

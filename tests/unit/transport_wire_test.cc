@@ -161,11 +161,10 @@ TEST(TransportWire, RequestMalformed) {
   auto flags = good;
   flags[6] = 2;  // a flag no version declares
   EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadReserved);
-  flags[6] = kRequestFlagWatch;  // declared, but the MAC covers the flags
+  flags[6] = kRequestFlagWatch;  // declared, but without a follower (bytes 12..16)
+  EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadReserved);
+  flags[12] = 1;  // with one: the MAC covers both
   EXPECT_EQ(ParseRequest(flags, kSecret, &out), WireError::kBadMac);
-  auto reserved = good;
-  reserved[13] = 1;
-  EXPECT_EQ(ParseRequest(reserved, kSecret, &out), WireError::kBadReserved);
   auto reserved_tail = good;
   reserved_tail[71] = 1;
   EXPECT_EQ(ParseRequest(reserved_tail, kSecret, &out), WireError::kBadReserved);
@@ -334,12 +333,19 @@ TEST(TransportWire, KeysDifferByCapabilityAndPid) {
   EXPECT_FALSE(a.k0 == c.k0 && a.k1 == c.k1);
 }
 
-TEST(TransportWire, WatchFlagRoundTrips) {
+TEST(TransportWire, WatchFlagAndFollowerRoundTrip) {
   Request r = SampleRequest();
   r.flags = kRequestFlagWatch;
+  r.follower = 0xC0FFEE01u;
   Request out;
   ASSERT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk);
   EXPECT_EQ(out.flags, kRequestFlagWatch);
+  EXPECT_EQ(out.follower, 0xC0FFEE01u);
+  // The follower is MAC'd: another follower's grants cannot be claimed by
+  // editing it.
+  auto edited = Encoded(r);
+  edited[12] ^= 1;
+  EXPECT_EQ(ParseRequest(edited, kSecret, &out), WireError::kBadMac);
 }
 
 Event SampleEvent() {
