@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <string>
@@ -297,6 +298,95 @@ TEST_F(Follow, ClosingWhilePausedReleasesEverythingAndTheLaterResumeIsIgnored) {
   EXPECT_EQ(StatsCounter(imported, "follow_resume_refused"), 0u);
   const std::string exported = Report(&exporter);
   EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 0u);
+}
+
+// A pause of many chunks (one cuMemUnmap, so one notice, per chunk) with a
+// stopped importer: the first notice waits the timeout, the rest do not
+// wait at all (issue 24: it took the timeout per chunk, 33 minutes for 400
+// chunks at the default). Running again, the importer gets what it missed
+// (pauses, then the resume) and reads the new memory at its old pointer.
+TEST_F(Follow, AStoppedImporterCostsAPauseOfManyChunksOneTimeoutAndCatchesUp) {
+  constexpr int kChunks = 48;
+  auto [exporter, importer, base, size, s] = ShareBuffer(kChunks, 8, {{"VMMIPC_TIMEOUT_MS", "300"}});
+  ASSERT_TRUE(exporter && importer);
+  ASSERT_FALSE(s.ptr.empty());
+
+  ASSERT_TRUE(StopAndWait(importer->pid()));
+  std::string answer;
+  const long pause_ms = Timed(*exporter, "pause a", &answer);
+  EXPECT_EQ(answer, "ok");
+  // Bounds, not a performance figure: one wait of the timeout, not 48.
+  EXPECT_GE(pause_ms, 250) << "the pause did not wait for the stopped importer";
+  EXPECT_LT(pause_ms, 3000) << "the pause waited for the stopped importer more than once";
+  // And the resume while it is still stopped does not wait either.
+  const long resume_ms = Timed(*exporter, "resume a", &answer);
+  EXPECT_EQ(answer, "ok");
+  EXPECT_LT(resume_ms, 3000);
+  EXPECT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 9"), "ok");
+  ASSERT_EQ(kill(importer->pid(), SIGCONT), 0);
+
+  // It catches up by itself (the exporter's listener notices its acks).
+  std::string checked;
+  for (const auto start = Clock::now(); MsSince(start) < 10000; usleep(20000)) {
+    checked = importer->Call("check " + s.ptr + " " + Hex(size) + " 9");
+    if (checked == "ok") break;
+  }
+  EXPECT_EQ(checked, "ok") << "the importer did not catch up with the resume";
+  const std::string log = Log(*exporter);
+  EXPECT_TRUE(WarningNames(log, importer->pid())) << "no warning names the stopped importer";
+  EXPECT_NE(log.find("answers again"), std::string::npos) << log;
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+
+  const std::string imported = Report(&importer);
+  EXPECT_EQ(StatsCounter(imported, "follow_pauses"), static_cast<uint64_t>(kChunks));
+  EXPECT_EQ(StatsCounter(imported, "follow_resumes"), static_cast<uint64_t>(kChunks));
+  const std::string exported = Report(&exporter);
+  EXPECT_EQ(StatsCounter(exported, "follow_unanswered"), 1u) << "named more than once";
+}
+
+// An open whose fetch is done but which has not placed its chunks yet (it
+// waits for its slot's placement lock, held here by another open whose
+// import the simulator delays) when the exporter pauses the chunk: it must
+// not map the released memory, and must follow the resume (issue 24: the
+// importer answered "not held" and mapped the old memory for good).
+TEST_F(Follow, AnOpenInFlightDuringAPauseFollowsItAndTheResume) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed import";
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_LOG_LEVEL", "debug"}});
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t a = VmmBuffer(*exporter, "a", 1, 3);
+  const uint64_t b = VmmBuffer(*exporter, "b", 1, 4);
+  const uint64_t c = VmmBuffer(*exporter, "c", 1, 5);
+  const std::string ha = Handle(*exporter, a), hb = Handle(*exporter, b), hc = Handle(*exporter, c);
+  // The watch connection, and nothing left open.
+  OpenCheckClose(*importer, hc, kChunk, 5);
+  const Resources baseline = Held(*importer);
+  auto served = [&](uint64_t address) {
+    const std::string line = "served " + Hex(address) + " to pid";
+    for (const auto start = Clock::now(); MsSince(start) < 5000; usleep(2000))
+      if (Log(*exporter).find(line) != std::string::npos) return true;
+    return false;
+  };
+  ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 1500"), "ok");
+  ASSERT_EQ(importer->Call("open_bg " + hb + " b"), "ok");  // holds the slot's placement lock
+  ASSERT_TRUE(served(b));
+  ASSERT_EQ(importer->Call("open_bg " + ha + " a"), "ok");  // fetched, waits for the lock
+  ASSERT_TRUE(served(a));
+  EXPECT_EQ(exporter->Call("pause a"), "ok");
+  const std::string pa = Value(importer->Call("open_bg_result a"));
+  const std::string pb = Value(importer->Call("open_bg_result b"));
+  ASSERT_FALSE(pa.empty());
+  ASSERT_FALSE(pb.empty());
+  ExpectUnmapped(*importer, pa);
+  EXPECT_EQ(exporter->Call("resume a"), "ok");
+  EXPECT_EQ(exporter->Call("fill " + Hex(a) + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("check " + pa + " " + Hex(kChunk) + " 9"), "ok")
+      << "the open in flight kept the memory the pause released";
+  EXPECT_EQ(importer->Call("check " + pb + " " + Hex(kChunk) + " 4"), "ok");
+  EXPECT_EQ(importer->Call("close " + pa), "ok");
+  EXPECT_EQ(importer->Call("close " + pb), "ok");
+  EXPECT_EQ(Settled(*importer, baseline), baseline);
 }
 
 // The documented default: nothing follows, the importer keeps the old memory alive.

@@ -69,8 +69,10 @@ std::map<std::string, VmmBuffer> g_vmm;
 CUcontext g_context = nullptr;
 // open_bg: one open on a thread of its own, so that the test can do other
 // calls in this process while it waits on its exporter.
-std::thread g_background_open;
-std::string g_background_result;
+// Background opens by name ("" when none is given): open_bg, open_bg_result.
+std::map<std::string, std::thread> g_background_open;
+std::map<std::string, std::string> g_background_result;  // under g_background_mutex
+std::mutex g_background_mutex;
 CUdevice g_device = 0;
 
 std::string Err(CUresult r) {
@@ -929,22 +931,27 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     CUresult r = fns->open(&p, h, flags);
     return r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
   }
-  if (cmd == "open_bg") {  // hex: starts an open on another thread; open_bg_result joins it
+  if (cmd == "open_bg") {  // hex [name]: starts an open on another thread; open_bg_result joins it
     CUipcMemHandle h = {};
     if (!HexToHandle(a.at(1), &h)) return "err bad hex";
-    if (g_background_open.joinable()) return "err an open_bg is running";
-    g_background_open = std::thread([h, fns] {
+    const std::string name = a.size() > 2 ? a[2] : "";
+    if (g_background_open[name].joinable()) return "err an open_bg is running";
+    g_background_open[name] = std::thread([h, fns, name] {
       cuCtxSetCurrent(g_context);  // a context is per thread
       CUdeviceptr p = 0;
       const CUresult r = fns->open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-      g_background_result = r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
+      const std::string result = r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
+      std::lock_guard<std::mutex> lock(g_background_mutex);
+      g_background_result[name] = result;
     });
     return "ok";
   }
-  if (cmd == "open_bg_result") {
-    if (!g_background_open.joinable()) return "err no open_bg";
-    g_background_open.join();
-    return g_background_result;
+  if (cmd == "open_bg_result") {  // [name]
+    const std::string name = a.size() > 1 ? a[1] : "";
+    if (!g_background_open[name].joinable()) return "err no open_bg";
+    g_background_open[name].join();
+    std::lock_guard<std::mutex> lock(g_background_mutex);
+    return g_background_result[name];
   }
   if (cmd == "close") {
     CUresult r = fns->close(Num(a.at(1)));

@@ -321,6 +321,7 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
                                         CUmemAllocationHandleType type) {
   State& s = St();
+  simcuda::DelayIfAsked(s, "cuMemImportFromShareableHandle");
   std::lock_guard<std::mutex> lock(s.mu);
   if (CUresult r = simcuda::Enter(s, "cuMemImportFromShareableHandle"); r != CUDA_SUCCESS) {
     return r;
