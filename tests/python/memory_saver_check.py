@@ -18,7 +18,10 @@ Two processes, both preloaded with libvmmipc.so: an EXPORTER on GPU 0 and an IMP
      directly and through the old graph's replay; the importer writes pattern 3, the exporter
      reads it; a new handle of the resumed memory opens at the importer's old pointer;
   5. the importer closes; both exit cleanly; their VMMIPC_STATS follow counters are checked.
-Parts:
+Parts (--parts):
+  stopped the raw exporter pauses and resumes --stopped-chunks chunks of 2 MiB (default 1024)
+          while the importer is SIGSTOPped: about one VMMIPC_TIMEOUT_MS in all, not one per
+          chunk; continued, the importer catches up and reads the resumed bytes
   raw     the exporter drives the driver itself through cuda.bindings: layout 2m (32 chunks of
           2 MiB, created without asking for POSIX fds: vmmipc adds them) and 32m (2 chunks of
           32 MiB, created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -1023,6 +1026,102 @@ class Scenario:
         self.verdict("close", closed["ok"], closed.get("error") or "every open closed")
 
 
+def wait_stopped(pid, seconds=5.0):
+    """True once the kernel reports `pid` stopped ('T' in /proc/<pid>/stat)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                text = stat.read()
+            if text[text.rindex(")") + 2] == "T":
+                return True
+        except (OSError, ValueError, IndexError):
+            return False
+        time.sleep(0.005)
+    return False
+
+
+class StoppedImporterScenario(Scenario):
+    """Follow with a stopped importer (issue 24): the exporter pauses and resumes many 2 MiB
+    chunks (one cuMemUnmap and one cuMemMap each) while the importer is SIGSTOPped. The pause and
+    the resume must cost about one VMMIPC_TIMEOUT_MS in all (the importer then lags and is not
+    waited for again), not one per chunk; continued, the importer catches up by itself and reads
+    the resumed bytes at its old pointers, without a new open."""
+
+    def judge_stats(self, exporter, importer):
+        exp, exp_report = follow_stats(exporter.stderr_text())
+        imp, imp_report = follow_stats(importer.stderr_text())
+        chunks = getattr(self, "chunks", None)
+        if chunks is None:
+            return
+        self.checks.check(f"{self.tag}.importer_follow_stats",
+                          imp_report and imp.get("follow_pauses") == chunks
+                          and imp.get("follow_resumes") == chunks,
+                          f"importer {imp}; expected follow_pauses = follow_resumes = {chunks}")
+        self.checks.check(f"{self.tag}.exporter_names_the_importer_once",
+                          exp_report and exp.get("follow_unanswered") == 1,
+                          f"exporter {exp}; expected follow_unanswered = 1")
+
+    def sequence(self, exporter, importer):
+        opts = self.opts
+        slow = max(opts.timeout_s, 120)
+        timeout_s = int(self.env_exporter["VMMIPC_TIMEOUT_MS"]) / 1000.0
+        if not importer.ask(slow, "ready")["ok"]:
+            raise _Stop()
+        setup = exporter.ask(slow, "setup", layout="2m", size=self.size, seed=SEED_FIRST,
+                             runtime_base=False)
+        if setup.get("skip"):
+            raise _Skip(f"the exporter cannot run here: {setup.get('error')}")
+        if not setup["ok"]:
+            self.verdict("exporter_setup", False, setup.get("error"))
+            raise _Stop()
+        self.chunks = setup["chunks"]
+        opened = importer.ask(slow, "open", handles=setup["handles"], size=self.size,
+                              seed=SEED_FIRST)
+        if not opened["ok"] or not all(r["ok"] for r in opened["reads"].values()):
+            self.verdict("import_reads_pattern", False, opened.get("error") or opened["reads"])
+            raise _Stop()
+        pid = importer.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            if not wait_stopped(pid):
+                self.verdict("importer_stopped", False, f"pid {pid} did not stop")
+                raise _Stop()
+            paused = exporter.ask(slow, "pause")
+            resumed = exporter.ask(slow, "resume", seed=SEED_RESUMED)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        if not paused["ok"] or not resumed["ok"]:
+            self.verdict("pause_and_resume", False, paused.get("error") or resumed.get("error"))
+            raise _Stop()
+        self.checks.measure(f"{self.tag}.pause_seconds", f"{paused['seconds']:.3f}")
+        self.checks.measure(f"{self.tag}.resume_seconds", f"{resumed['seconds']:.3f}")
+        bound = 2 * timeout_s + 5
+        self.verdict("pause_waits_about_one_timeout",
+                     timeout_s * 0.8 <= paused["seconds"] < bound,
+                     f"{self.chunks} chunks paused in {paused['seconds']:.3f} s with the importer "
+                     f"stopped; VMMIPC_TIMEOUT_MS {timeout_s * 1000:.0f}; bound {bound:.0f} s "
+                     f"(one wait per chunk would be {self.chunks * timeout_s:.0f} s)")
+        self.verdict("resume_does_not_wait_for_a_lagging_importer", resumed["seconds"] < bound,
+                     f"resumed in {resumed['seconds']:.3f} s with the importer still stopped")
+        start = time.monotonic()
+        reads = {}
+        while time.monotonic() - start < 60:
+            checked = importer.ask(slow, "check", seed=SEED_RESUMED,
+                                   candidates=[SEED_FIRST, SEED_RESUMED])
+            reads = checked.get("reads", {})
+            if checked["ok"] and reads and all(r["ok"] for r in reads.values()):
+                break
+            time.sleep(0.1)
+        caught_up = bool(reads) and all(r["ok"] for r in reads.values())
+        self.checks.measure(f"{self.tag}.catch_up_seconds", f"{time.monotonic() - start:.3f}")
+        self.verdict("importer_catches_up", caught_up,
+                     f"after SIGCONT, within {time.monotonic() - start:.1f} s: " + "; ".join(
+                         f"{n}: {r['detail']}" for n, r in reads.items()))
+        closed = importer.ask(opts.timeout_s, "close")
+        self.verdict("close", closed["ok"], closed.get("error") or "every open closed")
+
+
 # --- environment -----------------------------------------------------------------------------
 
 
@@ -1151,7 +1250,12 @@ def gpu_layout(opts):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="raw,saver", help="comma list of: raw, saver")
+    parser.add_argument("--parts", default="raw,saver,stopped",
+                        help="comma list of: raw, saver, stopped")
+    parser.add_argument("--stopped-chunks", type=int, default=1024,
+                        help="2 MiB chunks of the stopped part")
+    parser.add_argument("--stopped-timeout-ms", type=int, default=1000,
+                        help="VMMIPC_TIMEOUT_MS of the stopped part")
     parser.add_argument("--layouts", default="2m,32m",
                         help="raw part's chunk layouts, comma list of: " + ", ".join(LAYOUTS))
     parser.add_argument("--no-baseline", action="store_true",
@@ -1176,7 +1280,7 @@ def main():
     checks = Checks()
     parts = [p for p in opts.parts.split(",") if p]
     layouts = [l for l in opts.layouts.split(",") if l]
-    bad = [p for p in parts if p not in ("raw", "saver")] + [l for l in layouts if l not in LAYOUTS]
+    bad = [p for p in parts if p not in ("raw", "saver", "stopped")] + [l for l in layouts if l not in LAYOUTS]
     if bad:
         parser.error(f"unknown part or layout: {', '.join(bad)}")
     size = opts.size_mib * MIB
@@ -1219,6 +1323,14 @@ def main():
                 Scenario(checks, opts, f"raw-{layout}", "exporter-raw", layout, follow,
                          with_follow(env, follow, 0), with_follow(env, follow, 1),
                          runtime_base=False).run(folder)
+        if "stopped" in parts:
+            stopped_env = dict(env, VMMIPC_TIMEOUT_MS=str(opts.stopped_timeout_ms))
+            scenario = StoppedImporterScenario(
+                checks, opts, "stopped-importer", "exporter-raw", "2m", True,
+                with_follow(stopped_env, True, 0), with_follow(stopped_env, True, 1),
+                runtime_base=False)
+            scenario.size = opts.stopped_chunks * 2 * MIB
+            scenario.run(folder)
         if "saver" in parts:
             try:
                 saver_env, how = prepare_saver(opts, env, folder)
