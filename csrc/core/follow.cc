@@ -119,6 +119,22 @@ AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, c
   return status;
 }
 
+// The exporter no longer follows this process (it missed too much), or its
+// connection broke while it runs: every mapping of its memory here is
+// dropped, loudly, rather than left to go stale. The ranges stay reserved;
+// closes still work; touching them faults.
+AckStatus FollowUnfollowed(ProcessState& state, const state::ExporterId& exporter) {
+  const std::vector<state::MappedChunk> chunks = state.importer.PauseAll(exporter);
+  for (const state::MappedChunk& chunk : chunks) UnmapChunk(chunk.target, chunk.size);
+  stats::Count(stats::Counter::kFollowPauses, chunks.size());
+  VMMIPC_LOG_WARN(
+      "follow: exporter pid {} no longer follows this process; its {} chunk(s) mapped here are "
+      "unmapped rather than left stale (touching them faults): close its handles and open "
+      "them again",
+      exporter.pid, chunks.size());
+  return AckStatus::kDone;
+}
+
 // Logs `event` for this exporter's opens in flight (they apply it before
 // they map: state/in_flight_opens.h). A resume's fd is shared by them.
 bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter,
@@ -146,6 +162,7 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
     if (indexes.empty()) return AckStatus::kNotHeld;  // every open of it was closed
     std::vector<std::unique_lock<std::mutex>> placement;
     for (size_t index : indexes) placement.emplace_back(state.importer.placement_mutex_at(index));
+    if (event.kind == EventKind::kUnfollowed) return FollowUnfollowed(state, exporter);
     AckStatus status = event.kind == EventKind::kPause
                            ? FollowPause(state, exporter, event)
                            : FollowResume(state, exporter, event, fd.get());

@@ -49,6 +49,10 @@ std::vector<state::MappedChunk> ImportSide::PausedAt(const state::ExporterId& ex
   return WithTable([&](state::ImportTable& table) { return table.PausedAt(exporter, base); });
 }
 
+std::vector<state::MappedChunk> ImportSide::PauseAll(const state::ExporterId& exporter) {
+  return WithTable([&](state::ImportTable& table) { return table.PauseAll(exporter); });
+}
+
 void ImportSide::Resume(uint64_t target, uint32_t generation) {
   WithTable([&](state::ImportTable& table) { table.Resume(target, generation); });
 }

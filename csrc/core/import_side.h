@@ -78,6 +78,7 @@ class ImportSide {
   std::vector<state::MappedChunk> Pause(const state::ExporterId& exporter, uint64_t base,
                                         uint32_t generation);
   std::vector<state::MappedChunk> PausedAt(const state::ExporterId& exporter, uint64_t base);
+  std::vector<state::MappedChunk> PauseAll(const state::ExporterId& exporter);
   void Resume(uint64_t target, uint32_t generation);
   // The placement locks (indexes, ascending, distinct) of every open of
   // `exporter`, recorded or in flight; empty when it has none here.

@@ -131,6 +131,16 @@ std::vector<MappedChunk> ImportTable::Pause(const ExporterId& exporter, uint64_t
   return paused;
 }
 
+std::vector<MappedChunk> ImportTable::PauseAll(const ExporterId& exporter) {
+  std::vector<MappedChunk> paused;
+  for (auto& [target, chunk] : chunks_) {
+    if (chunk.paused || chunk.exporter != exporter) continue;
+    chunk.paused = true;
+    paused.push_back(chunk);
+  }
+  return paused;
+}
+
 std::vector<MappedChunk> ImportTable::PausedAt(const ExporterId& exporter,
                                                uint64_t exporter_address) const {
   std::vector<MappedChunk> paused;

@@ -126,6 +126,9 @@ class ImportTable {
   // `generation` that are mapped: marked paused and returned (core unmaps them).
   std::vector<MappedChunk> Pause(const ExporterId& exporter, uint64_t exporter_address,
                                  uint32_t generation);
+  // Every mapped chunk of `exporter`, marked paused and returned (it no
+  // longer follows that exporter: core unmaps them).
+  std::vector<MappedChunk> PauseAll(const ExporterId& exporter);
   // The paused chunks of `exporter` at its address `exporter_address`.
   std::vector<MappedChunk> PausedAt(const ExporterId& exporter, uint64_t exporter_address) const;
   // The paused chunk at importer address `target` is mapped again, as `generation`.

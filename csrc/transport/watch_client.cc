@@ -61,6 +61,11 @@ bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
           "follow: exporter pid {} sent an event out of protocol ({}, {} fds); closing the "
           "watch connection: its pauses and resumes are no longer followed",
           static_cast<uint32_t>(exporter >> 32), wire::WireErrorName(parsed), message.fds.size());
+      // Not followed any more while it runs: what this process holds of it
+      // would go stale. The handler drops it, loudly.
+      wire::Event unfollowed;
+      unfollowed.kind = wire::EventKind::kUnfollowed;
+      (void)handler(exporter, unfollowed, ScopedFd());
       return false;
     }
     ScopedFd fd;
@@ -69,7 +74,8 @@ bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
     ack.sequence = event.sequence;
     ack.status = handler(exporter, event, std::move(fd));
     const auto bytes = wire::EncodeAck(ack, c.nonce, c.key);
-    return SendMessage(c.fd.get(), bytes, {}, Deadline::AfterMs(timeout_ms)).ok();
+    const bool sent = SendMessage(c.fd.get(), bytes, {}, Deadline::AfterMs(timeout_ms)).ok();
+    return sent && event.kind != wire::EventKind::kUnfollowed;  // the last event
   } catch (...) {
     return false;
   }

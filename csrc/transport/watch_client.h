@@ -18,7 +18,9 @@
 namespace vmmipc::transport {
 
 // `exporter` is the tag given to Add; `fd` is the new memory's fd on a resume
-// (invalid on a pause). Runs on the client's thread; must not throw.
+// (invalid on a pause). A kUnfollowed event also comes from the client itself
+// when it closes a connection whose exporter sent something out of protocol.
+// Runs on the client's thread; must not throw.
 using EventHandler =
     std::function<wire::AckStatus(uint64_t exporter, const wire::Event& event, ScopedFd fd)>;
 

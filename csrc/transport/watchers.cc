@@ -38,6 +38,9 @@ struct Watchers::Watcher {
     uint64_t now_size = 0;
   };
   std::map<uint64_t, Missed> backlog;
+  // It missed more than kMaxBacklog chunks: its catch-up is one kUnfollowed
+  // event (it drops what it holds of this exporter), then the connection goes.
+  bool overflowed = false;
   // The last holder closes it, through the reaper if the peer left anything queued.
   ~Watcher() { CloseConnection(std::move(fd)); }
 };
@@ -127,7 +130,7 @@ size_t Watchers::lagging_count() const {
 void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
   auto it = watcher.backlog.find(notice.base);
   if (it == watcher.backlog.end()) {
-    if (watcher.backlog.size() >= kMaxBacklog) return;  // checked by the caller
+    if (watcher.backlog.size() >= max_backlog_) return;  // checked by the caller
     Watcher::Missed missed;
     // Before this notice the follower held what it says changed: a pause
     // takes a mapped chunk away, a resume maps a paused one.
@@ -200,6 +203,17 @@ bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
 void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
   if (!watcher.lagging || !watcher.outstanding.empty()) return;
   const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
+  if (watcher.overflowed) {
+    wire::Event unfollowed;
+    unfollowed.kind = wire::EventKind::kUnfollowed;
+    bool would_block = false;
+    if (SendEvent(watcher, unfollowed, -1, -1, now, stop_fd, &would_block) && would_block) return;
+    VMMIPC_LOG_DEBUG("follow: importer pid {} was told to drop its mappings of this process",
+                     watcher.pid);
+    watcher.lagging = false;
+    watcher.dead = true;  // the caller's Drop or the next sweep lets it go
+    return;
+  }
   for (auto it = watcher.backlog.begin(); it != watcher.backlog.end();) {
     Watcher::Missed& missed = it->second;
     bool would_block = false;
@@ -270,16 +284,19 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
   auto lag = [&](Target& target, bool newly) {
     Watcher& watcher = *target.watcher;
     if (!watcher.lagging) watcher.lagging = true;
-    for (size_t k = target.next; k < target.notices.size(); ++k) {
-      if (watcher.backlog.size() >= kMaxBacklog && !watcher.backlog.count(notices[k].base)) {
+    for (size_t k = target.next; k < target.notices.size() && !watcher.overflowed; ++k) {
+      const WatchNotice& notice = notices[target.notices[k]];
+      if (watcher.backlog.size() >= max_backlog_ && watcher.backlog.count(notice.base) == 0) {
+        watcher.overflowed = true;  // told to drop everything when it answers (CatchUp)
+        watcher.backlog.clear();
         VMMIPC_LOG_ERROR(
-            "follow: importer pid {} missed pauses and resumes of more than {} chunks; dropping "
-            "its watch connection: its mappings are no longer followed",
-            watcher.pid, kMaxBacklog);
-        Drop(target.watcher);
-        return;
+            "follow: importer pid {} missed pauses and resumes of more than {} chunks; once it "
+            "answers it is told to drop its mappings of this process's memory, and is no longer "
+            "followed",
+            watcher.pid, max_backlog_);
+        break;
       }
-      Fold(watcher, notices[target.notices[k]]);
+      Fold(watcher, notice);
     }
     target.next = target.notices.size();
     // Sent and not acked: the follower still reads them when it runs, but
@@ -302,6 +319,10 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
         continue;
       }
       CatchUp(watcher, stop_fd);
+      if (watcher.dead) {
+        Drop(target.watcher);
+        continue;
+      }
       if (watcher.lagging) lag(target, /*newly=*/false);
     }
   }
@@ -394,6 +415,7 @@ void Watchers::Maintain() {
       continue;
     }
     CatchUp(*watcher, -1);
+    if (watcher->dead) Drop(watcher);
   }
 }
 

@@ -71,8 +71,11 @@ class Watchers {
   // closed after its reply as without the flag (its follower is not told).
   static constexpr size_t kMaxWatchers = 4096;
   // A lagging follower's backlog holds one entry per chunk it holds; past
-  // this many it is dropped (logged).
+  // this many its catch-up is a kUnfollowed event (it unmaps what it holds
+  // of this exporter, loudly) and its connection goes.
   static constexpr size_t kMaxBacklog = 1 << 20;
+  // Tests lower the bound.
+  void SetMaxBacklogForTesting(size_t max) { max_backlog_ = max; }
 
   struct Watcher;
   using Reservation = std::shared_ptr<Watcher>;
@@ -126,6 +129,7 @@ class Watchers {
   std::mutex notify_mutex_;
   std::vector<std::shared_ptr<Watcher>> list_;
   ResumeFdSource resume_fd_;
+  size_t max_backlog_ = kMaxBacklog;
 };
 
 }  // namespace vmmipc::transport

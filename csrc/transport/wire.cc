@@ -305,7 +305,8 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
   const uint8_t* p = message.data();
   const uint16_t kind = Get16(p + 6);
   if (kind != static_cast<uint16_t>(EventKind::kPause) &&
-      kind != static_cast<uint16_t>(EventKind::kResume))
+      kind != static_cast<uint16_t>(EventKind::kResume) &&
+      kind != static_cast<uint16_t>(EventKind::kUnfollowed))
     return WireError::kBadLayout;
   Event event;
   event.kind = static_cast<EventKind>(kind);
@@ -313,7 +314,11 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
   event.base = Get64(p + 16);
   event.size = Get64(p + 24);
   event.generation = Get64(p + 32);
-  if (event.size == 0 || event.base + event.size < event.base) return WireError::kBadLayout;
+  if (event.kind == EventKind::kUnfollowed) {
+    if (event.base != 0 || event.size != 0 || event.generation != 0) return WireError::kBadLayout;
+  } else if (event.size == 0 || event.base + event.size < event.base) {
+    return WireError::kBadLayout;
+  }
   *out = event;
   return WireError::kOk;
 }

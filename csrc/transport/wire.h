@@ -157,6 +157,10 @@ inline constexpr size_t kAckSize = 24;
 enum class EventKind : uint16_t {
   kPause = 1,   // the exporter unmaps the chunk: drop your mapping of it
   kResume = 2,  // new memory is mapped at the chunk's base: its fd rides along
+  // The exporter stops following this importer (it missed more than its
+  // backlog holds): drop every mapping of this exporter's memory, which
+  // would go stale. Base, size and generation are 0. The last event.
+  kUnfollowed = 3,
 };
 
 struct Event {

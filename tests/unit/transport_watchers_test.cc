@@ -238,3 +238,29 @@ TEST(TransportWatchers, AFollowerThatHungUpIsDroppedWithoutWaiting) {
 
 }  // namespace
 }  // namespace vmmipc::transport
+
+namespace vmmipc::transport {
+namespace {
+
+TEST(TransportWatchers, AFollowerThatMissedMoreThanItsBacklogIsToldToDropEverything) {
+  Watchers watchers;
+  watchers.SetMaxBacklogForTesting(4);
+  auto [exporter_end, importer_end] = SeqpacketPair();
+  watchers.Activate(watchers.Reserve(5, 1, kKey, kNonce), std::move(exporter_end));
+  NotifyResult first = watchers.Notify(Pauses(1, 0x1000000, 5), 100, -1);
+  ASSERT_EQ(first.lagging, std::vector<uint32_t>{5});
+  // Ten more chunks than the backlog holds, missed while it lags.
+  const NotifyResult second = watchers.Notify(Pauses(10, 0x2000000, 5), 100, -1);
+  EXPECT_EQ(second.lagging, std::vector<uint32_t>{5});
+  EXPECT_EQ(DrainAndAck(importer_end.get()), 1u);
+  watchers.Maintain();
+  wire::Event event;
+  size_t fds = 0;
+  ASSERT_TRUE(ReadEvent(importer_end.get(), &event, &fds, 1000));
+  EXPECT_EQ(event.kind, EventKind::kUnfollowed) << "not one event per missed chunk";
+  EXPECT_EQ(fds, 0u);
+  EXPECT_EQ(watchers.count(), 0u) << "its connection should go after the last event";
+}
+
+}  // namespace
+}  // namespace vmmipc::transport

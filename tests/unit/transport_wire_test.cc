@@ -358,6 +358,19 @@ Event SampleEvent() {
   return e;
 }
 
+TEST(TransportWire, AnUnfollowedEventRoundTrips) {
+  Event e;
+  e.kind = EventKind::kUnfollowed;
+  e.sequence = 9;
+  Event out;
+  ASSERT_EQ(ParseEvent(EncodeEvent(e, SampleNonce(), kKey), SampleNonce(), kKey, &out),
+            WireError::kOk);
+  EXPECT_EQ(out.kind, EventKind::kUnfollowed);
+  e.base = 0x200000;  // it names no chunk
+  EXPECT_EQ(ParseEvent(EncodeEvent(e, SampleNonce(), kKey), SampleNonce(), kKey, &out),
+            WireError::kBadLayout);
+}
+
 TEST(TransportWire, EventAndAckRoundTrip) {
   const auto bytes = EncodeEvent(SampleEvent(), SampleNonce(), kKey);
   Event event;
@@ -391,7 +404,7 @@ TEST(TransportWire, EventAndAckMalformed) {
   EXPECT_EQ(ParseEvent(std::span(good).first(20), SampleNonce(), kKey, &event),
             WireError::kBadLength);
   Event bad_kind = SampleEvent();
-  bad_kind.kind = static_cast<EventKind>(3);
+  bad_kind.kind = static_cast<EventKind>(4);
   EXPECT_EQ(ParseEvent(EncodeEvent(bad_kind, SampleNonce(), kKey), SampleNonce(), kKey, &event),
             WireError::kBadLayout);
   Event empty = SampleEvent();

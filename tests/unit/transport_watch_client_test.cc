@@ -1,0 +1,103 @@
+// transport/watch_client: the importer's follow thread hands every event to
+// core and acks it; an exporter that stops following it (kUnfollowed), or
+// that sends anything out of protocol, makes core drop what it holds of that
+// exporter (a kUnfollowed to the handler) and the connection closes.
+#include "transport/watch_client.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "test_process.h"
+#include "transport/fd_channel.h"
+
+namespace vmmipc::transport {
+namespace {
+
+using testing::SeqpacketPair;
+using wire::EventKind;
+
+const SipKey kKey{0x1111, 0x2222};
+constexpr wire::Nonce kNonce = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
+constexpr uint64_t kTag = (uint64_t{42} << 32) | 7;
+
+struct Seen {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<EventKind> kinds;
+  bool WaitFor(size_t count) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, std::chrono::seconds(5), [&] { return kinds.size() >= count; });
+  }
+};
+
+class WatchClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto [client_end, exporter_end] = SeqpacketPair();
+    exporter_ = std::move(exporter_end);
+    client_ = std::make_unique<WatchClient>(
+        [this](uint64_t tag, const wire::Event& event, ScopedFd) {
+          EXPECT_EQ(tag, kTag);
+          std::lock_guard<std::mutex> lock(seen_.mutex);
+          seen_.kinds.push_back(event.kind);
+          seen_.changed.notify_all();
+          return wire::AckStatus::kDone;
+        },
+        1000);
+    WatchConnection connection;
+    connection.fd = std::move(client_end);
+    connection.key = kKey;
+    connection.nonce = kNonce;
+    std::string error;
+    ASSERT_TRUE(client_->Add(kTag, std::move(connection), &error)) << error;
+  }
+
+  // True once the client closed its end (the exporter's end reads EOF).
+  bool ClosedByClient() {
+    std::vector<uint8_t> buffer(64);
+    for (;;) {
+      ReceivedMessage message;
+      const IoResult io = ReceiveMessage(exporter_.get(), buffer, &message, Deadline::AfterMs(5000));
+      if (io.status == IoStatus::kPeerClosed) return true;
+      if (!io.ok()) return false;  // an ack: read on
+    }
+  }
+
+  ScopedFd exporter_;
+  Seen seen_;
+  std::unique_ptr<WatchClient> client_;
+};
+
+TEST_F(WatchClientTest, AnUnfollowedEventIsHandedOnAckedAndEndsTheConnection) {
+  wire::Event event;
+  event.kind = EventKind::kUnfollowed;
+  event.sequence = 1;
+  const auto bytes = wire::EncodeEvent(event, kNonce, kKey);
+  ASSERT_TRUE(SendMessage(exporter_.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(seen_.WaitFor(1));
+  EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed);
+  EXPECT_TRUE(ClosedByClient());
+  EXPECT_FALSE(client_->Has(kTag));
+}
+
+TEST_F(WatchClientTest, AnEventOutOfProtocolMakesCoreDropWhatItHoldsOfThatExporter) {
+  const uint8_t garbage[48] = {1, 2, 3};
+  ASSERT_TRUE(SendMessage(exporter_.get(), garbage, {}, Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(seen_.WaitFor(1)) << "the handler was not told that follow ended";
+  EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed);
+  EXPECT_TRUE(ClosedByClient());
+}
+
+TEST_F(WatchClientTest, AnExporterThatHungUpIsForgottenWithoutDroppingAnything) {
+  exporter_.Reset();  // the exporter exited: its memory stays valid here
+  for (int i = 0; i < 500 && client_->Has(kTag); ++i) usleep(10000);
+  EXPECT_FALSE(client_->Has(kTag));
+  std::lock_guard<std::mutex> lock(seen_.mutex);
+  EXPECT_TRUE(seen_.kinds.empty());
+}
+
+}  // namespace
+}  // namespace vmmipc::transport
