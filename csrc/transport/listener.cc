@@ -142,6 +142,9 @@ void Listener::Impl::Run() noexcept {
       pfds.push_back({c.fd.get(), POLLIN, 0});
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
     }
+    // After the waiting connections (their indexes above stay): lagging
+    // followers, whose answers and room bring Maintain back at once.
+    if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
     const int n = ::poll(pfds.data(), pfds.size(), sleep_ms);
     if (n < 0 && errno != EINTR) {
       VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display, ErrnoText(errno));

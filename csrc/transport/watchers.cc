@@ -36,8 +36,12 @@ struct Watchers::Watcher {
     bool now_mapped = false;
     uint64_t now_generation = 0;
     uint64_t now_size = 0;
+    bool stale = false;  // its resume's memory changed again: wait for that notice
   };
   std::map<uint64_t, Missed> backlog;
+  // The last event sent when it became lagging: it has answered once its
+  // acks go past it (Answered).
+  uint32_t lag_sequence = 0;
   // It missed more than kMaxBacklog chunks: its catch-up is one kUnfollowed
   // event (it drops what it holds of this exporter), then the connection goes.
   bool overflowed = false;
@@ -139,6 +143,7 @@ void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
     missed.held_size = notice.size;
     it = watcher.backlog.emplace(notice.base, missed).first;
   }
+  it->second.stale = false;
   it->second.now_mapped = notice.kind == wire::EventKind::kResume;
   it->second.now_generation = notice.generation;
   it->second.now_size = notice.size;
@@ -200,23 +205,39 @@ bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
   }
 }
 
+// Whether a lagging follower has acked every event sent before it lagged.
+bool Watchers::Answered(const Watcher& watcher) {
+  return watcher.outstanding.empty() ||
+         static_cast<int32_t>(watcher.outstanding.front().first - watcher.lag_sequence) > 0;
+}
+
 void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
-  if (!watcher.lagging || !watcher.outstanding.empty()) return;
+  if (!watcher.lagging || !Answered(watcher)) return;
   const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
+  bool would_block = false;
   if (watcher.overflowed) {
     wire::Event unfollowed;
     unfollowed.kind = wire::EventKind::kUnfollowed;
-    bool would_block = false;
-    if (SendEvent(watcher, unfollowed, -1, -1, now, stop_fd, &would_block) && would_block) return;
+    if (!SendEvent(watcher, unfollowed, -1, -1, now, stop_fd, &would_block)) {
+      watcher.dead = true;
+      return;
+    }
+    if (would_block) return;
     VMMIPC_LOG_DEBUG("follow: importer pid {} was told to drop its mappings of this process",
                      watcher.pid);
     watcher.lagging = false;
-    watcher.dead = true;  // the caller's Drop or the next sweep lets it go
+    watcher.dead = true;  // the caller drops it
     return;
   }
+  // As many events as the connection takes now; the listener's poll thread
+  // comes back when it takes more (PollFds), so the catch-up goes at the
+  // follower's pace, not at the poll period's.
   for (auto it = watcher.backlog.begin(); it != watcher.backlog.end();) {
     Watcher::Missed& missed = it->second;
-    bool would_block = false;
+    if (missed.stale) {
+      ++it;
+      continue;
+    }
     const bool same = missed.held_mapped == missed.now_mapped &&
                       (!missed.now_mapped || missed.held_generation == missed.now_generation);
     if (!same && missed.held_mapped) {
@@ -225,14 +246,19 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
       pause.base = it->first;
       pause.size = missed.held_size;
       pause.generation = missed.held_generation;
-      if (!SendEvent(watcher, pause, -1, -1, now, stop_fd, &would_block)) return;
+      if (!SendEvent(watcher, pause, -1, -1, now, stop_fd, &would_block)) {
+        watcher.dead = true;
+        return;
+      }
       if (would_block) return;
       missed.held_mapped = false;
     }
     if (!same && missed.now_mapped) {
       ScopedFd fd = resume_fd_ ? resume_fd_(it->first, missed.now_generation) : ScopedFd();
       if (!fd.valid()) {
-        // Changed again since: the notice that changed it is folded in too.
+        // Changed again since: the notice that changed it is folded in
+        // too, and makes the entry current again (Fold).
+        missed.stale = true;
         ++it;
         continue;
       }
@@ -241,14 +267,34 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
       resume.base = it->first;
       resume.size = missed.now_size;
       resume.generation = missed.now_generation;
-      if (!SendEvent(watcher, resume, fd.get(), -1, now, stop_fd, &would_block)) return;
+      if (!SendEvent(watcher, resume, fd.get(), -1, now, stop_fd, &would_block)) {
+        watcher.dead = true;
+        return;
+      }
       if (would_block) return;
     }
     it = watcher.backlog.erase(it);
   }
-  if (!watcher.backlog.empty()) return;
+  if (!watcher.backlog.empty()) return;  // stale entries wait for their notice
   watcher.lagging = false;
   VMMIPC_LOG_INFO("follow: importer pid {} answers again and was sent what it missed", watcher.pid);
+}
+
+bool Watchers::PollFds(std::vector<pollfd>* fds) {
+  std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
+  if (!notifying.owns_lock()) return false;  // a Notify runs: it catches up whom it can
+  std::lock_guard<std::mutex> lock(list_mutex_);
+  for (const auto& watcher : list_) {
+    if (!watcher->lagging || watcher->dead || watcher->state != Watcher::State::kActive) continue;
+    short events = POLLIN;  // its acks, when it runs again
+    if (Answered(*watcher) &&
+        (watcher->overflowed ||
+         std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
+                     [](const auto& entry) { return !entry.second.stale; })))
+      events |= POLLOUT;  // room for more of its catch-up
+    fds->push_back({watcher->fd.get(), events, 0});
+  }
+  return true;
 }
 
 NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeout_ms,
@@ -283,6 +329,7 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
   }
   auto lag = [&](Target& target, bool newly) {
     Watcher& watcher = *target.watcher;
+    if (newly) watcher.lag_sequence = watcher.sequence;
     if (!watcher.lagging) watcher.lagging = true;
     for (size_t k = target.next; k < target.notices.size() && !watcher.overflowed; ++k) {
       const WatchNotice& notice = notices[target.notices[k]];

@@ -25,6 +25,8 @@
 // Entries are shared_ptrs so that a Notify in progress keeps its own.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -99,10 +101,16 @@ class Watchers {
   // Watchers that hung up, or answered out of protocol, are dropped.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms, int stop_fd);
 
-  // Lagging followers that have acked everything sent get their catch-up
-  // events; those that hung up are dropped. Never waits: returns at once
-  // when a Notify runs. Cheap when none is lagging.
+  // Lagging followers that have acked everything sent before they lagged
+  // get their catch-up events, as many as their connection takes now; those
+  // that hung up are dropped. Never waits: returns at once when a Notify
+  // runs. Cheap when none is lagging.
   void Maintain();
+  // The listener's poll thread waits on these too: the connections of
+  // lagging followers (their acks; room for their catch-up), so that
+  // Maintain runs when one answers or takes more. False, adding nothing,
+  // when a Notify runs (the poll period brings the thread back).
+  bool PollFds(std::vector<pollfd>* fds);
 
   size_t count() const;
   size_t lagging_count() const;
@@ -121,6 +129,7 @@ class Watchers {
   // Sends a lagging watcher's backlog, if it has acked everything; clears
   // its lagging state when nothing is left. Never waits.
   void CatchUp(Watcher& watcher, int stop_fd);
+  static bool Answered(const Watcher& watcher);
   bool SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
                  const Deadline& deadline, int stop_fd, bool* would_block);
 
