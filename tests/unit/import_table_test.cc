@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "state/chunk_generations.h"
 
 namespace vmmipc::state {
@@ -121,6 +123,44 @@ TEST(ImportTable, ASlotServesOneExporterWhileItHasOpensThere) {
   EXPECT_FALSE(t.FirstCollision(3, 200));
   EXPECT_TRUE(t.FirstCollision(4, 200));
   EXPECT_TRUE(t.FirstCollision(3, 201));
+}
+
+// Follow takes the placement lock of every slot an exporter's opens were
+// placed under (issue 24: it took the first it found, so a close in a second
+// slot could race a follow event).
+TEST(ImportTable, RankSlotsOfNamesEverySlotOfAnExporterOnce) {
+  ImportTable t;
+  EXPECT_TRUE(t.RankSlotsOf(kPeer).empty());
+  OpenRecord a = Open(0x1000000, 0xA000, {0x1000000});
+  a.key.rank_slot = 0;
+  OpenRecord b = Open(0x1200000, 0xA200000, {0x1200000});
+  b.key.rank_slot = 5;
+  OpenRecord c = Open(0x1400000, 0xA400000, {0x1400000});
+  c.key.rank_slot = 5;
+  for (uint64_t target : {0x1000000, 0x1200000, 0x1400000})
+    t.AddChunk(Chunk(target, target));
+  t.AddOpen(a);
+  t.AddOpen(b);
+  t.AddOpen(c);
+  std::vector<uint32_t> slots = t.RankSlotsOf(kPeer);
+  std::sort(slots.begin(), slots.end());
+  EXPECT_EQ(slots, (std::vector<uint32_t>{0, 5}));
+  EXPECT_TRUE(t.RankSlotsOf(ExporterId{101, 1}).empty());
+}
+
+// An exporter that stops following this process: every mapped chunk of it
+// is paused at once, none of another exporter's.
+TEST(ImportTable, PauseAllPausesEveryMappedChunkOfThatExporterOnly) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0xA000));
+  t.AddChunk(Chunk(0x1200000, 0xA200000));
+  MappedChunk other = Chunk(0x1400000, 0xA000);
+  other.exporter = ExporterId{101, 1};
+  t.AddChunk(other);
+  EXPECT_EQ(t.Pause(kPeer, 0xA000, 1).size(), 1u);  // one already paused
+  EXPECT_EQ(t.PauseAll(kPeer).size(), 1u);
+  EXPECT_TRUE(t.PauseAll(kPeer).empty());
+  EXPECT_EQ(t.PausedAt(ExporterId{101, 1}, 0xA000).size(), 0u);
 }
 
 TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
