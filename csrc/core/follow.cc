@@ -137,8 +137,8 @@ AckStatus FollowUnfollowed(ProcessState& state, const state::ExporterId& exporte
 
 // Logs `event` for this exporter's opens in flight (they apply it before
 // they map: state/in_flight_opens.h). A resume's fd is shared by them.
-bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter,
-                         const Event& event, ScopedFd fd) {
+bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter, const Event& event,
+                         ScopedFd fd) {
   state::FollowEvent logged;
   logged.resume = event.kind == EventKind::kResume;
   logged.base = event.base;

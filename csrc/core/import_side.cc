@@ -70,7 +70,8 @@ std::vector<size_t> ImportSide::PlacementIndexesOf(const state::ExporterId& expo
 }
 
 uint64_t ImportSide::BeginOpen(const state::ExporterId& exporter, size_t placement_index) {
-  return WithTable([&](state::ImportTable&) { return in_flight_.Begin(exporter, placement_index); });
+  return WithTable(
+      [&](state::ImportTable&) { return in_flight_.Begin(exporter, placement_index); });
 }
 
 std::vector<state::FollowEvent> ImportSide::EndOpen(uint64_t id, bool* overflowed) {

@@ -200,7 +200,8 @@ class FollowedOpen {
       : state_(state), exporter_{h.pid, h.instance}, follower_(FollowerId(state)) {
     if (follower_ == 0) return;
     watch_ = StartWatch(state, h.pid, h.instance);
-    in_flight_ = state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(h.rank_slot, h.pid));
+    in_flight_ =
+        state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(h.rank_slot, h.pid));
   }
   ~FollowedOpen() {
     bool overflowed = false;
@@ -320,9 +321,9 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
   FollowedOpen followed(state, h);
-  transport::FetchResult fetched = transport::FetchChunks(
-      request, {params.socket_dir, static_cast<int>(params.timeout_ms), followed.watch(),
-                followed.follower()});
+  transport::FetchResult fetched =
+      transport::FetchChunks(request, {params.socket_dir, static_cast<int>(params.timeout_ms),
+                                       followed.watch(), followed.follower()});
   if (fetched.status != transport::FetchStatus::kOk) return FetchFailure(fetched, h);
   stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
@@ -404,8 +405,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   size_t mapped_count = 0;
   for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
     if (fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
-    result =
-        MapChunk(fd_to_map[mapped_count], mapped_now[mapped_count].target, mapped_now[mapped_count].size);
+    result = MapChunk(fd_to_map[mapped_count], mapped_now[mapped_count].target,
+                      mapped_now[mapped_count].size);
     if (result != CUDA_SUCCESS) break;
   }
   const uint64_t import_and_map_us = MicrosSince(map_start);

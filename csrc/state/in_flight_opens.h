@@ -24,8 +24,8 @@ struct FollowEvent {
   bool resume = false;  // false: a pause
   uint64_t base = 0;    // the chunk's base in the exporter
   uint64_t size = 0;
-  uint32_t generation = 0;        // pause: the one released; resume: the new one
-  std::shared_ptr<ScopedFd> fd;   // resume: the new memory (shared by the opens it was logged for)
+  uint32_t generation = 0;       // pause: the one released; resume: the new one
+  std::shared_ptr<ScopedFd> fd;  // resume: the new memory (shared by the opens it was logged for)
 };
 
 // One chunk of a fetched run, as the open will place it.
@@ -33,9 +33,9 @@ struct FetchedChunk {
   uint64_t address = 0;  // in the exporter
   uint64_t size = 0;
   uint32_t generation = 0;
-  int fd = -1;            // what to map (borrowed: the grant's, or a resume's)
-  bool paused = false;    // released by a pause since it was granted: nothing to map
-  bool refused = false;   // resumed with another size: stays unmapped (logged by core)
+  int fd = -1;           // what to map (borrowed: the grant's, or a resume's)
+  bool paused = false;   // released by a pause since it was granted: nothing to map
+  bool refused = false;  // resumed with another size: stays unmapped (logged by core)
   std::shared_ptr<ScopedFd> resumed_fd;  // keeps a resume's fd alive while fd points at it
 };
 

@@ -127,8 +127,8 @@ size_t Watchers::count() const {
 
 size_t Watchers::lagging_count() const {
   std::lock_guard<std::mutex> lock(list_mutex_);
-  return static_cast<size_t>(std::count_if(list_.begin(), list_.end(),
-                                           [](const auto& w) { return w->lagging.load(); }));
+  return static_cast<size_t>(
+      std::count_if(list_.begin(), list_.end(), [](const auto& w) { return w->lagging.load(); }));
 }
 
 void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
@@ -288,9 +288,8 @@ bool Watchers::PollFds(std::vector<pollfd>* fds) {
     if (!watcher->lagging || watcher->dead || watcher->state != Watcher::State::kActive) continue;
     short events = POLLIN;  // its acks, when it runs again
     if (Answered(*watcher) &&
-        (watcher->overflowed ||
-         std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
-                     [](const auto& entry) { return !entry.second.stale; })))
+        (watcher->overflowed || std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
+                                            [](const auto& entry) { return !entry.second.stale; })))
       events |= POLLOUT;  // room for more of its catch-up
     fds->push_back({watcher->fd.get(), events, 0});
   }
@@ -435,10 +434,9 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
   for (Target& target : targets) {
     Watcher& watcher = *target.watcher;
     if (watcher.dead || watcher.lagging) continue;
-    const bool late =
-        target.next < target.notices.size() ||
-        std::any_of(watcher.outstanding.begin(), watcher.outstanding.end(),
-                    [](const auto& o) { return o.second >= 0; });
+    const bool late = target.next < target.notices.size() ||
+                      std::any_of(watcher.outstanding.begin(), watcher.outstanding.end(),
+                                  [](const auto& o) { return o.second >= 0; });
     if (late) lag(target, /*newly=*/true);
   }
   return result;

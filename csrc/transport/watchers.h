@@ -88,8 +88,7 @@ class Watchers {
   // its connection will become, listed at once (replacing an earlier one of
   // the same follower), so that a pause after its grant is told. Null when
   // the list is full. `key` and `nonce` (the request's) MAC every event.
-  Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
-                      const wire::Nonce& nonce);
+  Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce);
   // The reply went out: `fd` is the watch connection from now on.
   void Activate(const Reservation& watcher, ScopedFd fd);
   // The reply did not go out: the watcher goes (the caller closes the connection).

@@ -307,7 +307,8 @@ TEST_F(Follow, ClosingWhilePausedReleasesEverythingAndTheLaterResumeIsIgnored) {
 // (pauses, then the resume) and reads the new memory at its old pointer.
 TEST_F(Follow, AStoppedImporterCostsAPauseOfManyChunksOneTimeoutAndCatchesUp) {
   constexpr int kChunks = 48;
-  auto [exporter, importer, base, size, s] = ShareBuffer(kChunks, 8, {{"VMMIPC_TIMEOUT_MS", "300"}});
+  auto [exporter, importer, base, size, s] =
+      ShareBuffer(kChunks, 8, {{"VMMIPC_TIMEOUT_MS", "300"}});
   ASSERT_TRUE(exporter && importer);
   ASSERT_FALSE(s.ptr.empty());
 

@@ -2,8 +2,6 @@
 // core and acks it; an exporter that stops following it (kUnfollowed), or
 // that sends anything out of protocol, makes core drop what it holds of that
 // exporter (a kUnfollowed to the handler) and the connection closes.
-#include "transport/watch_client.h"
-
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -12,6 +10,7 @@
 
 #include "test_process.h"
 #include "transport/fd_channel.h"
+#include "transport/watch_client.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -60,7 +59,8 @@ class WatchClientTest : public ::testing::Test {
     std::vector<uint8_t> buffer(64);
     for (;;) {
       ReceivedMessage message;
-      const IoResult io = ReceiveMessage(exporter_.get(), buffer, &message, Deadline::AfterMs(5000));
+      const IoResult io =
+          ReceiveMessage(exporter_.get(), buffer, &message, Deadline::AfterMs(5000));
       if (io.status == IoStatus::kPeerClosed) return true;
       if (!io.ok()) return false;  // an ack: read on
     }

@@ -2,8 +2,6 @@
 // after it, and lagging followers (issue 24): a follower that does not read
 // costs one Notify at most one timeout, is not waited for again, and gets
 // what it missed once it has answered everything sent.
-#include "transport/watchers.h"
-
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 
@@ -12,6 +10,7 @@
 
 #include "test_process.h"
 #include "transport/fd_channel.h"
+#include "transport/watchers.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -80,9 +79,8 @@ TEST(TransportWatchers, AnEventForAWatcherStillReplyingGoesAfterTheReply) {
   // The grant is recorded (the holder is 77), then the pause comes before
   // the reply is out: it must wait for the reply, not be lost.
   NotifyResult result;
-  std::thread pause([&] {
-    result = watchers.Notify({Notice(EventKind::kPause, 0x1000000, 3, 77)}, 2000, -1);
-  });
+  std::thread pause(
+      [&] { result = watchers.Notify({Notice(EventKind::kPause, 0x1000000, 3, 77)}, 2000, -1); });
   const uint8_t reply[4] = {'r', 'e', 'p', 'l'};
   ASSERT_TRUE(SendMessage(exporter_end.get(), reply, {}, Deadline::AfterMs(1000)).ok());
   watchers.Activate(watcher, std::move(exporter_end));
