@@ -119,6 +119,18 @@ class Watchers {
   void AbandonAfterFork() noexcept;
 
  private:
+  struct Target;  // one watcher's part in a Notify
+  std::vector<Target> TargetsOf(const std::vector<WatchNotice>& notices, const Deadline& deadline);
+  // The watcher of `target` lags from here on: the rest of its notices go
+  // into its backlog; it is reported in `result`.
+  void Lag(Target& target, const std::vector<WatchNotice>& notices, bool newly,
+           NotifyResult* result);
+  // Sends what the connection takes now; false when the watcher must go.
+  bool SendNotices(Target& target, const std::vector<WatchNotice>& notices, int stop_fd,
+                   NotifyResult* result);
+  // Sends and reads acks on every target at once until all are done or the deadline.
+  void Exchange(std::vector<Target>& targets, const std::vector<WatchNotice>& notices,
+                const Deadline& deadline, int stop_fd, NotifyResult* result);
   void Drop(const std::shared_ptr<Watcher>& watcher);
   // Folds `notice` into a lagging watcher's backlog.
   void Fold(Watcher& watcher, const WatchNotice& notice);
