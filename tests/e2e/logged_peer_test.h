@@ -3,8 +3,9 @@
 // and which is printed when a test fails; Held() is what a peer holds (its
 // fds, and on the simulated driver the driver's mappings, reservations and
 // allocations) to compare before and after; ExitLog() ends a peer cleanly and
-// returns its log with the VMMIPC_STATS report. Beside it, the timing and
-// process helpers those checks use.
+// returns its log with the VMMIPC_STATS report; Settled() and Steady() wait
+// for what a peer holds to stop changing. Beside it, the timing and process
+// helpers those checks use.
 #pragma once
 
 #include <cuda.h>
@@ -69,6 +70,33 @@ inline int FdsOf(pid_t pid) {
     while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
     closedir(d);
   }
+  return n;
+}
+
+// The fd count of another process once it has stayed the same for `quiet_ms`
+// (at most `bound_ms`): what it holds for good, not what an asynchronous step
+// holds for a moment (the listener closes a reply's fds and its connection
+// after the importer has returned; an export ahead runs on a worker).
+inline int SteadyFdsOf(pid_t pid, int quiet_ms = 300, int bound_ms = 5000) {
+  int last = FdsOf(pid);
+  const auto start = Clock::now();
+  auto since = start;
+  while (MsSince(since) < quiet_ms && MsSince(start) < bound_ms) {
+    usleep(2000);
+    const int now = FdsOf(pid);
+    if (now != last) {
+      last = now;
+      since = Clock::now();
+    }
+  }
+  return last;
+}
+
+// How many times `text` occurs in `log`.
+inline size_t Occurrences(const std::string& log, const std::string& text) {
+  size_t n = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + text.size()))
+    ++n;
   return n;
 }
 
@@ -176,6 +204,24 @@ class LoggedPeerTest : public ::testing::Test {
       now = Held(peer);
     }
     return now;
+  }
+
+  // The peer's resources once they have stayed the same for `quiet_ms` (at
+  // most `bound_ms`): a baseline that must not catch an asynchronous step
+  // midway, where the value to expect is not known beforehand.
+  Resources Steady(PeerProcess& peer, int quiet_ms = 300, int bound_ms = 5000) {
+    Resources last = Held(peer);
+    const auto start = Clock::now();
+    auto since = start;
+    while (MsSince(since) < quiet_ms && MsSince(start) < bound_ms) {
+      usleep(5000);
+      const Resources now = Held(peer);
+      if (!(now == last)) {
+        last = now;
+        since = Clock::now();
+      }
+    }
+    return last;
   }
 
   // `chunks` 2 MiB chunks in `p`, filled with `seed`; returns the base.
