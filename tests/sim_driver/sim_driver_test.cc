@@ -1104,6 +1104,26 @@ TEST_F(SimTest, EveryDriverFdIsCloseOnExec) {
   FreeChunk(c);
 }
 
+// The e2e tests' way to map memory past vmmipc's cuMemMap hook: the same map.
+TEST_F(SimTest, MemMapHookMapsAsCuMemMapDoes) {
+  CUdeviceptr base = 0;
+  ASSERT_CU(cuMemAddressReserve(&base, 2 * kChunk, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp p = Prop();
+  ASSERT_CU(cuMemCreate(&h, 2 * kChunk, &p, 0));
+  ASSERT_EQ(CUDA_SUCCESS, simcuda_mem_map(base + kChunk, kChunk, kChunk, h));
+  EXPECT_EQ(1u, Stats().mappings - baseline_.mappings);
+  EXPECT_EQ(CUDA_ERROR_INVALID_VALUE, simcuda_mem_map(base, kChunk, 2 * kChunk, h));
+  ASSERT_CU(SetRW(base + kChunk, kChunk));
+  reinterpret_cast<char*>(base)[kChunk + 7] = 'z';  // lands at offset kChunk + 7 of h
+  ASSERT_CU(cuMemMap(base, kChunk, kChunk, h, 0));  // the same half again, through cuMemMap
+  ASSERT_CU(SetRW(base, kChunk));
+  EXPECT_EQ('z', reinterpret_cast<const char*>(base)[7]);
+  ASSERT_CU(cuMemUnmap(base, 2 * kChunk));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(base, 2 * kChunk));
+}
+
 TEST_F(SimTest, InjectedFaultFiresOnTheNthCallOnly) {
   ASSERT_EQ(0, simcuda_inject_failure("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY));
   EXPECT_EQ(-1, simcuda_inject_failure(nullptr, 1, 1));

@@ -42,6 +42,11 @@ int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms);
 // Removes every pending injected fault and delay.
 void simcuda_clear_failures(void);
 
+// cuMemMap(ptr, size, offset, handle, 0) under a name that no preloaded hook answers: memory
+// mapped this way is memory vmmipc did not see mapped (as memory mapped before it was loaded).
+// Returns the CUresult.
+int simcuda_mem_map(uint64_t ptr, uint64_t size, uint64_t offset, uint64_t handle);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "sim_introspect.h"
 #include "sim_state.h"
 
 using simcuda::FindContaining;
@@ -224,6 +225,11 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   s.mappings.emplace(base, std::move(m));
   ++h.map_refs;
   return CUDA_SUCCESS;
+}
+
+// -Bsymbolic binds this call to the simulator's own cuMemMap, never to a preloaded hook.
+extern "C" int simcuda_mem_map(uint64_t ptr, uint64_t size, uint64_t offset, uint64_t handle) {
+  return static_cast<int>(cuMemMap(ptr, size, offset, handle, 0));
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
