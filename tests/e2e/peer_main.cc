@@ -9,8 +9,9 @@
 //   procN     cuGetProcAddress_v2("cuIpcOpenMemHandle", N) for N = 4010, 11000, 12000
 //   self      cuGetProcAddress itself obtained through cuGetProcAddress (libcudart's way)
 // The fault tests (fault_test.cc) add commands that inject simulated-driver
-// failures, cap RLIMIT_NOFILE, open and export from many threads, fork, and
-// audit CLOEXEC (FaultCommand).
+// failures, map a chunk at a non-zero offset of its allocation, cap
+// RLIMIT_NOFILE, open and export from many threads, fork, and audit CLOEXEC
+// (FaultCommand).
 // The follow tests (follow_test.cc) pause and resume a VMM buffer the way
 // torch_memory_saver does (pause, resume), and replay a graph captured before
 // (graph_capture, graph_launch; real driver only).
@@ -316,6 +317,43 @@ std::string InjectDelay(const std::string& name, unsigned nth, unsigned ms) {
   auto fn = reinterpret_cast<DelayFn>(dlsym(RTLD_DEFAULT, "simcuda_inject_delay"));
   if (fn == nullptr) return "err not the simulated driver";
   return fn(name.c_str(), nth, ms) == 0 ? "ok" : "err bad injection";
+}
+
+// Two chunks of `chunk` bytes back to back in one reservation, the second
+// mapped from offset `chunk` of an allocation twice its size (today's driver
+// refuses a non-zero offset; the simulator and a later driver may not). With
+// `untracked`, the first is mapped past vmmipc's cuMemMap hook (the
+// simulator's simcuda_mem_map), as memory mapped before vmmipc was loaded.
+std::string AllocVmmOffset(const std::string& name, uint64_t chunk, bool untracked) {
+  using MapFn = int (*)(uint64_t, uint64_t, uint64_t, uint64_t);
+  auto map_unhooked = reinterpret_cast<MapFn>(dlsym(RTLD_DEFAULT, "simcuda_mem_map"));
+  if (untracked && map_unhooked == nullptr) return "err not the simulated driver";
+  VmmBuffer buf;
+  buf.reserved = 2 * chunk;
+  buf.chunk = chunk;
+  CUresult r = cuMemAddressReserve(&buf.base, buf.reserved, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = g_device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle first = 0, second = 0;
+  if ((r = cuMemCreate(&first, chunk, &prop, 0)) != CUDA_SUCCESS) return Err(r);
+  r = untracked ? static_cast<CUresult>(map_unhooked(buf.base, chunk, 0, first))
+                : cuMemMap(buf.base, chunk, 0, first, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  buf.handles.push_back(first);
+  if ((r = cuMemCreate(&second, 2 * chunk, &prop, 0)) != CUDA_SUCCESS) return Err(r);
+  if ((r = cuMemMap(buf.base + chunk, chunk, chunk, second, 0)) != CUDA_SUCCESS) return Err(r);
+  buf.handles.push_back(second);
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = g_device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((r = cuMemSetAccess(buf.base, 2 * chunk, &access, 1)) != CUDA_SUCCESS) return Err(r);
+  g_vmm[name] = buf;  // free_vmm unmaps and releases both
+  return "ok " + Hex(buf.base);
 }
 
 // Sets RLIMIT_NOFILE's soft limit so that exactly `free_fds` more descriptors can be
@@ -677,6 +715,8 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
   } else if (cmd == "inject_delay") {  // name nth ms: the nth next `name` call waits ms first
     *reply = InjectDelay(a.at(1), static_cast<unsigned>(Num(a.at(2))),
                          static_cast<unsigned>(Num(a.at(3))));
+  } else if (cmd == "alloc_vmm_offset") {  // name chunk [untracked]: chunk 1 at a non-zero offset
+    *reply = AllocVmmOffset(a.at(1), Num(a.at(2)), a.size() > 3 && a[3] == "untracked");
   } else if (cmd == "headroom") {  // n: exactly n more fds can be opened
     *reply = Headroom(Num(a.at(1)));
   } else if (cmd == "nofile_max") {  // soft RLIMIT_NOFILE back up to the hard one
