@@ -38,6 +38,19 @@ transport::ServeReply Refuse(transport::RefuseReason reason, std::string detail)
   return reply;
 }
 
+// The wire names no offset: an importer maps each chunk's fd from offset 0 of
+// its allocation. A chunk mapped at another offset (today's driver refuses
+// such a cuMemMap; the simulator and a later driver may not) would put other
+// bytes at its place in the run, so the whole request is refused: callers add
+// offsets within the run, and a run silently cut short before that chunk
+// would fault later, far from the cause.
+transport::ServeReply RefuseOffset(uint64_t chunk_base, uint64_t offset) {
+  return Refuse(transport::RefuseReason::kExportFailed,
+                fmt::format("chunk 0x{:x} of the run is mapped at offset 0x{:x} of its "
+                            "allocation; vmmipc shares chunks mapped from offset 0 only",
+                            chunk_base, offset));
+}
+
 // The run of memory the exporter made through vmmipc's cuMemMap hook: one
 // snapshot of the mapping table, fds from the cache, and a last check that
 // nothing of the run was unmapped meanwhile (the unmap hook takes a record
@@ -63,6 +76,9 @@ transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRe
     return Refuse(
         transport::RefuseReason::kTooManyChunks,
         fmt::format("the run from 0x{:x} has more than {} chunks", first.base, kMaxChunksPerRun));
+  // Before any fd is exported for it.
+  for (const state::VmmMapping& chunk : run)
+    if (chunk.offset != 0) return RefuseOffset(chunk.base, chunk.offset);
   transport::ServeReply reply;
   for (const state::VmmMapping& chunk : run) {
     if (!chunk.posix_fd_exportable)
@@ -106,6 +122,9 @@ transport::ServeReply ServeUntracked(const transport::ServeRequest& request) {
   transport::ServeReply reply;
   for (;;) {
     const ChunkInfo& info = chunk.info();
+    // Known for chunks the cuMemMap hook recorded; the driver cannot say, so
+    // a chunk mapped before vmmipc was loaded reads as offset 0.
+    if (info.offset != 0) return RefuseOffset(info.base, info.offset);
     if (!info.posix_fd_exportable)
       return Refuse(transport::RefuseReason::kExportFailed,
                     fmt::format("chunk 0x{:x} was created without POSIX fd export", info.base));

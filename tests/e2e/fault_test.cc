@@ -397,6 +397,70 @@ TEST_F(Fault, MemoryFreedByTheExporterIsRefusedAndAnOpenImportSurvivesTheFree) {
   }
 }
 
+// Issue 24 item 3: the wire names no offset, so an importer maps each chunk of
+// a run from offset 0 of its allocation. A run with a chunk mapped at another
+// offset (the simulator allows it; today's driver does not) is refused, with
+// that chunk and its offset on the exporter's one warning line, instead of
+// mapping other bytes at its place; nothing is left behind on either side.
+// The run's first chunk is mapped through vmmipc's cuMemMap hook (the run
+// comes from the mapping table) or past it (the exporter walks the run
+// through the driver, which knows no offsets: the second chunk's comes from
+// the table).
+TEST_F(Fault, RunWithAChunkMappedAtAnOffsetOfItsAllocationIsRefused) {
+  if (!Sim()) {
+    GTEST_SKIP() << "today's driver refuses a cuMemMap at a non-zero offset";
+  }
+  for (const bool untracked : {false, true}) {
+    SCOPED_TRACE(untracked ? "first chunk mapped past the hook" : "run from the mapping table");
+    auto exporter = Peer("exporter", "0", {{"VMMIPC_STATS", "1"}});
+    auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
+    // The importer's zone and the exporter's listener exist from here on.
+    OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 60)), kChunk, 60);
+    const uint64_t base = Num(Value(
+        exporter->Call("alloc_vmm_offset o " + Hex(kChunk) + (untracked ? " untracked" : ""))));
+    ASSERT_NE(base, 0u);
+    ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(2 * kChunk) + " 61"), "ok");
+    const std::string handle = Handle(*exporter, base);
+    const Resources importer_before = Steady(*importer);
+    const Resources exporter_before = Steady(*exporter);  // the get's export ahead is done
+    const size_t importer_mark = Log(*importer).size(), exporter_mark = Log(*exporter).size();
+
+    const std::string result = importer->Call("open " + handle);
+    EXPECT_TRUE(StartsWith(result, ErrPrefix(CUDA_ERROR_MAP_FAILED))) << result;
+    if (StartsWith(result, "ok ")) {
+      // What the refusal prevents: the second chunk mapped from offset 0.
+      const uint64_t second = Num(Value(result)) + kChunk;
+      ADD_FAILURE() << "the second chunk of the run reads: "
+                    << importer->Call("check " + Hex(second) + " " + Hex(kChunk) + " 61 " +
+                                      Hex(kChunk));
+      EXPECT_EQ(importer->Call("close " + Value(result)), "ok");
+    }
+    EXPECT_TRUE(LogShows(*exporter, "refused peer", 3000, exporter_mark));
+    const std::string exporter_log = Log(*exporter).substr(exporter_mark);
+    const std::string importer_log = Log(*importer).substr(importer_mark);
+    EXPECT_EQ(Occurrences(exporter_log, "refused peer"), 1u) << exporter_log;
+    EXPECT_NE(exporter_log.find("refused peer pid " + std::to_string(importer->pid()) + " uid " +
+                                std::to_string(geteuid()) + " for address " + Hex(base) +
+                                ": export failed (chunk " + Hex(base + kChunk) +
+                                " of the run is mapped at offset " + Hex(kChunk) +
+                                " of its allocation; vmmipc shares chunks mapped from offset 0 "
+                                "only)"),
+              std::string::npos)
+        << exporter_log;
+    EXPECT_EQ(Occurrences(importer_log, "cuIpcOpenMemHandle("), 1u) << importer_log;
+    EXPECT_NE(importer_log.find("cuIpcOpenMemHandle(pid " + std::to_string(exporter->pid()) + ", " +
+                                Hex(base) + "): exporter pid " + std::to_string(exporter->pid()) +
+                                " refused: export failed; returning CUDA_ERROR_MAP_FAILED"),
+              std::string::npos)
+        << importer_log;
+    EXPECT_EQ(Settled(*importer, importer_before), importer_before);
+    EXPECT_EQ(Settled(*exporter, exporter_before), exporter_before);
+    EXPECT_EQ(exporter->Call("free_vmm o"), "ok");
+    EXPECT_EQ(StatsCounter(ExitLog(&importer), "open_failed_refused"), 1u);
+    EXPECT_EQ(StatsCounter(ExitLog(&exporter), "refused_export_failed"), 1u);
+  }
+}
+
 // --- hostile peers ---------------------------------------------------------------------------
 
 const char* ModeName(Squatter::Mode mode) {
