@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -90,6 +91,48 @@ inline int SteadyFdsOf(pid_t pid, int quiet_ms = 300, int bound_ms = 5000) {
     }
   }
   return last;
+}
+
+// Whether `done()` holds within `ms`, looked at every millisecond.
+template <typename Done>
+bool WaitUntil(Done done, int ms = 5000) {
+  const auto start = Clock::now();
+  while (!done()) {
+    if (MsSince(start) > ms) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+// The fd count of another process once it has reached `expected` (at most
+// `bound_ms`) and then stayed the same for `quiet_ms`: a later change (one
+// export too many) still shows.
+inline int SettledFdsOf(pid_t pid, int expected, int quiet_ms = 300, int bound_ms = 5000) {
+  WaitUntil([&] { return FdsOf(pid) == expected; }, bound_ms);
+  return SteadyFdsOf(pid, quiet_ms, bound_ms);
+}
+
+// Whether a thread of `pid` (its main thread, or with `main_thread` false
+// any other) sleeps in poll: where an open waits for its exporter's answer
+// once its request is sent. Read from /proc/<pid>/task/<tid>/syscall, whose
+// first field is the number of the system call the thread is blocked in.
+inline bool WaitsInPoll(pid_t pid, bool main_thread) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return false;
+  bool polling = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || (std::to_string(pid) == e->d_name) != main_thread) continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/syscall");
+    long number = -1;
+    if (!(in >> number)) continue;  // "running"
+#ifdef SYS_poll
+    polling = polling || number == SYS_poll;
+#endif
+    polling = polling || number == SYS_ppoll;
+  }
+  closedir(d);
+  return polling;
 }
 
 // How many times `text` occurs in `log`.
