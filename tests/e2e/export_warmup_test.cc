@@ -44,7 +44,8 @@ class ExportWarmUp : public LoggedPeerTest {
   // One buffer's life in `exporter`: made, shared, opened, checked and closed
   // by the importer, freed. Returns what the exporter holds afterwards, once
   // the listener's worker is done with it (`settled_by`: a log line that says
-  // so, past `from` bytes of the log).
+  // so, past `from` bytes of the log) and the count has settled (the reply's
+  // fds and connection close a moment after the importer has its answer).
   Resources ShareAndFree(PeerProcess& exporter, const std::string& name, int seed,
                          const std::string& settled_by, size_t from = 0) {
     const std::string handle = Handle(exporter, VmmBuffer(exporter, name, 1, seed));
@@ -53,7 +54,7 @@ class ExportWarmUp : public LoggedPeerTest {
     if (!settled_by.empty()) {
       EXPECT_TRUE(LogShows(exporter, settled_by, 3000, from)) << Log(exporter);
     }
-    return Held(exporter);
+    return Steady(exporter);
   }
 
   // How much more `with` holds than `without`, each against its own baseline.
@@ -101,7 +102,7 @@ class ExportWarmUp : public LoggedPeerTest {
     EXPECT_TRUE(LogShows(*with, logged)) << Log(*with);
     EXPECT_TRUE(LogShows(*with, "export warm-up done: fd table")) << Log(*with);
     EXPECT_EQ(with->Call("free_vmm a"), "ok");
-    const Resources with_after = Held(*with);
+    const Resources with_after = Steady(*with);
     const Resources without_after = ShareAndFree(*without, "a", 6, "export warm-up done");
     EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), Nothing());
     return with;
@@ -173,7 +174,7 @@ TEST_F(ExportWarmUp, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
       "cuMemCreate", 1, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
   ASSERT_NE(with, nullptr);
   // Not tried again: the next share works, makes none and leaves nothing.
-  const Resources after = Held(*with);
+  const Resources after = Steady(*with);
   EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), after);
   EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
 }
