@@ -254,11 +254,11 @@ bool KernelRefusesPassedFds() {
 class TransportListener : public ::testing::Test {
  protected:
   void SetUp() override { fds_before_ = FdCount(); }
-  void ExpectNoFdLeak() {
+  void ExpectNoFdLeak(const std::string& what = "") {
     // Connections that may hold a peer's fds are closed by the reaper thread.
     for (int i = 0; i < 2000 && (ReaperPendingForTesting() > 0 || FdCount() != fds_before_); ++i)
       usleep(1000);
-    EXPECT_EQ(FdCount(), fds_before_) << "file descriptors leaked";
+    EXPECT_EQ(FdCount(), fds_before_) << "file descriptors leaked " << what;
   }
   int fds_before_ = 0;
 };
@@ -550,7 +550,9 @@ TEST_F(TransportListener, BadBatchFromRealKeyIsProtocolErrorAndClosesFds) {
       EXPECT_EQ(result.status, FetchStatus::kProtocolError) << name << ": " << result.detail;
       EXPECT_TRUE(result.chunks.empty()) << name;
     }
-    EXPECT_EQ(FdCount(), fds_before_) << name;
+    // A reply left half-read went to the reaper: the server saw the
+    // shutdown, the reaper closes the fd a moment later.
+    ExpectNoFdLeak(name);
   }
 }
 
@@ -724,8 +726,11 @@ TEST_F(TransportListener, StopIsPromptEvenDuringAConnection) {
     const SocketAddress address = AbstractAddress(pid);
     ASSERT_FALSE(address.display.empty());
     ScopedFd silent;  // keeps the thread in its 5 s receive wait
+    const int connected = FdCount() + 1;
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &silent).ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Accepted (the listener's end is one more fd here): the thread waits in it.
+    for (int i = 0; i < 5000 && FdCount() != connected + 1; ++i) usleep(1000);
+    EXPECT_EQ(FdCount(), connected + 1);
     const auto start = Clock::now();
     listener.reset();
     EXPECT_LT(ElapsedMs(start), 150);
