@@ -36,18 +36,28 @@ void ExportSide::DropExportAhead() noexcept {
 }
 
 void ExportSide::KeepExportAnchor(uint64_t handle, ScopedFd fd) {
-  std::lock_guard<std::mutex> lock(anchor_mutex_);
+  std::lock_guard<ForkMutex> lock(anchor_mutex_);
   anchor_handle_ = handle;
   anchor_fd_ = std::move(fd);
 }
 
+void ExportSide::PrepareFork() noexcept {
+  mappings_.PrepareFork();
+  anchor_mutex_.PrepareFork();
+}
+
+void ExportSide::ParentAfterFork() noexcept {
+  anchor_mutex_.ParentAfterFork();
+  mappings_.ParentAfterFork();
+}
+
 void ExportSide::AbandonAfterFork() {
-  // The child's copy only: the parent keeps its anchor (and its memory).
-  anchor_fd_.Reset();
+  // The child's copies only: the parent keeps its anchor (and its memory).
+  if (anchor_mutex_.ChildAfterFork()) anchor_fd_.Reset();
   if (!mappings_.CloseCachedFdsInForkedChild())
     VMMIPC_LOG_WARN(
-        "forked child: the parent's exported-fd cache was busy at fork; its copies "
-        "of exported fds stay open in this process");
+        "forked child: the thread that forked was inside the exported-fd cache (a fork "
+        "from a signal handler?); its copies of exported fds stay open in this process");
   if (listener_) {
     listener_->AbandonAfterFork();
     Park(listener_.release());

@@ -16,6 +16,12 @@
 //    (driver calls and a grace period, once per process); later exports see
 //    warmed_up_ and take no lock. The export anchor it makes is kept under
 //    anchor_mutex_, which is never held across a driver call.
+//  - Fork: the mapping table's lock and anchor_mutex_ are fork locks
+//    (common/fork_lock.h), taken by the fork handler in that order
+//    (PrepareFork), so that a forked child can always close its copies of
+//    the cache's fds and the anchor. Each is held only to read or write what
+//    it guards (a dup() of a cached fd under the table's), never across I/O,
+//    a driver call or another lock.
 #pragma once
 
 #include <atomic>
@@ -24,6 +30,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "state/chunk_generations.h"
 #include "state/vmm_mappings.h"
@@ -88,9 +95,13 @@ class ExportSide {
   // Keeps the anchor's allocation handle and its exported fd until exit.
   void KeepExportAnchor(uint64_t handle, ScopedFd fd);
 
+  // The fork handlers' (core/process_state.cc): before a fork, takes the fork
+  // locks above (waiting for their holders); after it, in the parent, releases them.
+  void PrepareFork() noexcept;
+  void ParentAfterFork() noexcept;
   // In a forked child: closes its copies of the parent's cached exported fds
-  // (they would keep the parent's memory alive) and abandons the listener,
-  // whose threads are the parent's.
+  // and of the anchor (they would keep the parent's memory alive) and
+  // abandons the listener, whose threads are the parent's.
   void AbandonAfterFork();
 
  private:
@@ -108,7 +119,7 @@ class ExportSide {
 
   std::mutex warm_up_mutex_;
   std::atomic<bool> warmed_up_{false};
-  std::mutex anchor_mutex_;
+  ForkMutex anchor_mutex_;
   uint64_t anchor_handle_ = 0;  // never released: the process keeps it to its end
   ScopedFd anchor_fd_;
 

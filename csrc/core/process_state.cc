@@ -59,9 +59,37 @@ ProcessState* Create() {
   return state;
 }
 
-// In the child only one thread exists; the parent's listener thread, its
-// locks and its sockets are gone or shared with the parent. Start afresh and
-// leak the old state rather than touch locks that may be held.
+// The fork handlers. A forked child has only the thread that forked, and
+// must close its copies of the parent's exported fds and watch connections
+// (they would keep the parent's memory, and its importers' connections,
+// alive for the child's life): the locks that guard them are fork locks
+// (common/fork_lock.h), which BeforeFork takes on the forking thread, waiting
+// for any other thread inside them, and which the parent and the child
+// release after the fork. Taken in this order: the mapping table (the
+// exported-fd cache), the export anchor. Each is held only to read or write what it guards,
+// never across I/O, a driver call or another lock, so its holder always
+// leaves it, and no thread ever holds two: no order of taking them can
+// deadlock with one. The other locks of the state (the listener's start, the
+// warm-up, placement, the driver's) are held across driver calls or I/O, and
+// the child never touches what they guard. A state created between
+// BeforeFork and the fork has its fork locks untaken; their ParentAfterFork
+// and ChildAfterFork know it.
+void BeforeFork() {
+  ProcessState* state = g_state.load(std::memory_order_acquire);
+  if (state == nullptr) return;
+  state->exporter.PrepareFork();
+}
+
+void AfterForkInParent() {
+  ProcessState* state = g_state.load(std::memory_order_acquire);
+  if (state == nullptr) return;
+  state->exporter.ParentAfterFork();
+}
+
+// In the child only one thread exists; the parent's listener thread and its
+// sockets are gone or shared with the parent. Close the child's copies of
+// the parent's fds, then start afresh and leak the old state rather than
+// touch its other locks, which may be held.
 void AfterForkInChild() {
   log::ResetAfterFork();
   stats::ResetAfterFork();
@@ -85,7 +113,8 @@ ProcessState& State() {
   state = g_state.load(std::memory_order_relaxed);
   if (state == nullptr) {
     static std::once_flag fork_handler_once;
-    std::call_once(fork_handler_once, [] { pthread_atfork(nullptr, nullptr, AfterForkInChild); });
+    std::call_once(fork_handler_once,
+                   [] { pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild); });
     state = Create();
     g_state.store(state, std::memory_order_release);
   }

@@ -176,8 +176,8 @@ ScopedFd VmmMappings::CacheFd(uint64_t base, uint32_t generation, ScopedFd fd,
 }
 
 bool VmmMappings::CloseCachedFdsInForkedChild() {
-  std::unique_lock lock(mutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  if (!mutex_.ChildAfterFork()) return false;
+  std::unique_lock lock(mutex_);
   for (auto& [base, record] : records_) record.fd.Reset();
   cached_fds_ = 0;
   return true;

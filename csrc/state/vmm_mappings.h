@@ -16,7 +16,9 @@
 //
 // Locking: one reader-writer mutex guards the records and the cache; it is
 // never held across a driver call or a close(); dup() runs under it so that
-// a concurrent Take cannot close the fd being duplicated.
+// a concurrent Take cannot close the fd being duplicated. It is a fork lock
+// (common/fork_lock.h): a fork waits for its holders, so that a forked child
+// always finds the cache whole and closes its copies of the fds.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 
 namespace vmmipc::state {
@@ -112,9 +115,13 @@ class VmmMappings {
   // outside any lock).
   ScopedFd CacheFd(uint64_t base, uint32_t generation, ScopedFd fd, std::vector<ScopedFd>* evicted);
   size_t cached_fd_count() const;
+  // The fork handlers' (core/process_state.cc): before a fork, takes the
+  // table's lock (waiting for its holders); after it, releases it in the parent.
+  void PrepareFork() noexcept { mutex_.PrepareFork(); }
+  void ParentAfterFork() noexcept { mutex_.ParentAfterFork(); }
   // In a forked child: closes the copies of every cached fd and forgets them.
-  // False, touching nothing, when a thread of the parent held the table at
-  // the fork (its lock cannot be taken, and the map may be half-updated).
+  // False, touching nothing, only when the thread that forked held the table
+  // itself (a fork from a signal handler: ForkSharedMutex).
   bool CloseCachedFdsInForkedChild();
 
  private:
@@ -125,7 +132,7 @@ class VmmMappings {
     std::vector<uint32_t> holders;  // followers granted it (follow only)
   };
   void TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken);
-  mutable std::shared_mutex mutex_;
+  mutable ForkSharedMutex mutex_;
   std::map<uint64_t, Record> records_;      // by base
   std::map<uint64_t, PausedChunk> paused_;  // by base
   std::vector<uint64_t> paused_order_;      // bases, oldest first, for the bound
