@@ -41,12 +41,17 @@ void ExportSide::KeepExportAnchor(uint64_t handle, ScopedFd fd) {
   anchor_fd_ = std::move(fd);
 }
 
+// The listener is looked at only once ready: listener_ never changes then. One
+// that became ready after PrepareFork had its lock left alone, which its
+// ParentAfterFork knows.
 void ExportSide::PrepareFork() noexcept {
   mappings_.PrepareFork();
   anchor_mutex_.PrepareFork();
+  if (listener_ready()) listener_->PrepareFork();
 }
 
 void ExportSide::ParentAfterFork() noexcept {
+  if (listener_ready()) listener_->ParentAfterFork();
   anchor_mutex_.ParentAfterFork();
   mappings_.ParentAfterFork();
 }

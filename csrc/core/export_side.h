@@ -16,12 +16,13 @@
 //    (driver calls and a grace period, once per process); later exports see
 //    warmed_up_ and take no lock. The export anchor it makes is kept under
 //    anchor_mutex_, which is never held across a driver call.
-//  - Fork: the mapping table's lock and anchor_mutex_ are fork locks
-//    (common/fork_lock.h), taken by the fork handler in that order
-//    (PrepareFork), so that a forked child can always close its copies of
-//    the cache's fds and the anchor. Each is held only to read or write what
-//    it guards (a dup() of a cached fd under the table's), never across I/O,
-//    a driver call or another lock.
+//  - Fork: the mapping table's lock, anchor_mutex_ and the listener's watch
+//    list are fork locks (common/fork_lock.h), taken by the fork handler in
+//    that order (PrepareFork), so that a forked child can always close its
+//    copies of the cache's fds, the anchor and the watch connections. Each is
+//    held only to read or write what it guards (a dup() of a cached fd under
+//    the table's, a poll() that does not wait under the watch list's), never
+//    across I/O, a driver call or another lock.
 #pragma once
 
 #include <atomic>

@@ -124,6 +124,11 @@ bool ImportSide::StartWatch(uint64_t tag, int timeout_ms) {
   return true;
 }
 
+bool ImportSide::Watches(uint64_t tag) {
+  std::lock_guard<std::mutex> lock(follow_mutex_);
+  return watch_client_ && watch_client_->Has(tag);
+}
+
 void ImportSide::EndWatch(uint64_t tag) {
   {
     std::lock_guard<std::mutex> lock(follow_mutex_);
@@ -132,9 +137,22 @@ void ImportSide::EndWatch(uint64_t tag) {
   watch_ended_.notify_all();
 }
 
+void ImportSide::PrepareFork() noexcept {
+  if (transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire))
+    client->PrepareFork();
+}
+
+void ImportSide::ParentAfterFork() noexcept {
+  if (transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire))
+    client->ParentAfterFork();
+}
+
 void ImportSide::AbandonAfterFork() noexcept {
-  if (!watch_client_) return;
-  watch_client_->AbandonAfterFork();
+  // Not watch_client_: a fork in the middle of AddWatch may have left it half
+  // written. A client made but not yet published holds no connection.
+  transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire);
+  if (client == nullptr) return;
+  client->AbandonAfterFork();
   Park(watch_client_.release());
 }
 

@@ -66,7 +66,8 @@ ProcessState* Create() {
 // (common/fork_lock.h), which BeforeFork takes on the forking thread, waiting
 // for any other thread inside them, and which the parent and the child
 // release after the fork. Taken in this order: the mapping table (the
-// exported-fd cache), the export anchor. Each is held only to read or write what it guards,
+// exported-fd cache), the export anchor, the listener's watch list, the watch
+// client's connections. Each is held only to read or write what it guards,
 // never across I/O, a driver call or another lock, so its holder always
 // leaves it, and no thread ever holds two: no order of taking them can
 // deadlock with one. The other locks of the state (the listener's start, the
@@ -78,11 +79,13 @@ void BeforeFork() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
   state->exporter.PrepareFork();
+  state->importer.PrepareFork();
 }
 
 void AfterForkInParent() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
+  state->importer.ParentAfterFork();
   state->exporter.ParentAfterFork();
 }
 

@@ -445,6 +445,14 @@ NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, int timeo
   return impl_->watchers.Notify(notices, timeout_ms, impl_->stop_fd.get());
 }
 
+void Listener::PrepareFork() noexcept {
+  if (impl_) impl_->watchers.PrepareFork();
+}
+
+void Listener::ParentAfterFork() noexcept {
+  if (impl_) impl_->watchers.ParentAfterFork();
+}
+
 void Listener::AbandonAfterFork() noexcept {
   if (impl_) impl_->Abandon();
 }

@@ -75,6 +75,10 @@ class Listener {
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
+  // The fork handlers' (core/process_state.cc): before a fork, takes the
+  // watch list's lock (Watchers::PrepareFork); after it, releases it in the parent.
+  void PrepareFork() noexcept;
+  void ParentAfterFork() noexcept;
   // In a forked child: the thread does not exist there. Closes the socket fd
   // and forgets the thread without joining it; the object may then be leaked.
   void AbandonAfterFork() noexcept;

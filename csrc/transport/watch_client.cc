@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
@@ -24,7 +25,9 @@ struct WatchClient::Impl {
   EventHandler handler;
   int timeout_ms = 5000;
   // Guards connections and thread start; never held across I/O or the handler.
-  mutable std::mutex mutex;
+  // A fork lock (common/fork_lock.h): a forked child closes its copies of the
+  // connections, whatever the parent's threads were doing.
+  mutable ForkMutex mutex;
   std::map<uint64_t, WatchConnection> connections;  // by exporter tag
   ScopedFd wake_fd;                                 // eventfd: a connection was added, or stop
   std::atomic<bool> stopping{false};
@@ -89,7 +92,7 @@ void WatchClient::Impl::Run() noexcept {
     tags.clear();
     pfds.push_back({wake_fd.get(), POLLIN, 0});
     {
-      std::lock_guard<std::mutex> lock(mutex);
+      std::lock_guard<ForkMutex> lock(mutex);
       for (const auto& [tag, connection] : connections) {
         pfds.push_back({connection.fd.get(), POLLIN, 0});
         tags.push_back(tag);
@@ -111,14 +114,14 @@ void WatchClient::Impl::Run() noexcept {
       // Only this thread removes connections: the entry is still there.
       WatchConnection* connection = nullptr;
       {
-        std::lock_guard<std::mutex> lock(mutex);
+        std::lock_guard<ForkMutex> lock(mutex);
         auto it = connections.find(tags[i]);
         if (it != connections.end()) connection = &it->second;
       }
       if (connection == nullptr || Serve(tags[i], *connection)) continue;
       WatchConnection gone;
       {
-        std::lock_guard<std::mutex> lock(mutex);
+        std::lock_guard<ForkMutex> lock(mutex);
         auto it = connections.find(tags[i]);
         gone = std::move(it->second);
         connections.erase(it);
@@ -146,7 +149,7 @@ WatchClient::~WatchClient() {
 }
 
 bool WatchClient::Add(uint64_t exporter, WatchConnection connection, std::string* error) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::unique_lock<ForkMutex> lock(impl_->mutex);
   if (!impl_->thread) {
     impl_->wake_fd.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!impl_->wake_fd) {
@@ -163,6 +166,9 @@ bool WatchClient::Add(uint64_t exporter, WatchConnection connection, std::string
     }
   }
   if (impl_->connections.count(exporter) != 0) {
+    // After the lock, which a fork waits for: the close may go through the
+    // reaper (its lock, perhaps its thread's start).
+    lock.unlock();
     CloseConnection(std::move(connection.fd));  // one per exporter is enough
     return true;
   }
@@ -172,15 +178,24 @@ bool WatchClient::Add(uint64_t exporter, WatchConnection connection, std::string
 }
 
 bool WatchClient::Has(uint64_t exporter) const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::lock_guard<ForkMutex> lock(impl_->mutex);
   return impl_->connections.count(exporter) != 0;
+}
+
+void WatchClient::PrepareFork() noexcept {
+  if (impl_) impl_->mutex.PrepareFork();
+}
+
+void WatchClient::ParentAfterFork() noexcept {
+  if (impl_) impl_->mutex.ParentAfterFork();
 }
 
 void WatchClient::AbandonAfterFork() noexcept {
   if (!impl_) return;
   Park(impl_->thread.release());  // it does not exist here; leaked on purpose
-  std::unique_lock<std::mutex> lock(impl_->mutex, std::try_to_lock);
-  if (lock.owns_lock()) {
+  // False only when the thread that forked held the lock itself: leave the copies open.
+  if (impl_->mutex.ChildAfterFork()) {
+    std::lock_guard<ForkMutex> lock(impl_->mutex);
     // A plain close: shutdown() would end the parent's connections too.
     for (auto& [tag, connection] : impl_->connections) ::close(connection.fd.Release());
     impl_->connections.clear();

@@ -37,6 +37,10 @@ class WatchClient {
   // True when a connection for `exporter` is kept.
   bool Has(uint64_t exporter) const;
 
+  // The fork handlers' (core/process_state.cc): before a fork, takes the
+  // connections' lock (waiting for its holder); after it, releases it in the parent.
+  void PrepareFork() noexcept;
+  void ParentAfterFork() noexcept;
   // In a forked child: forget the thread, close our copies of the
   // connections without shutting them down (they are the parent's too).
   void AbandonAfterFork() noexcept;

@@ -72,7 +72,7 @@ Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const S
   watcher->key = key;
   watcher->nonce = nonce;
   std::vector<std::shared_ptr<Watcher>> gone;  // closed after the lock (or by a Notify using one)
-  std::lock_guard<std::mutex> lock(list_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   // Importers that exited since, and the follower's earlier connection (one
   // per follower: the new one replaces it). Only looked at here, never read.
   for (auto it = list_.begin(); it != list_.end();) {
@@ -95,7 +95,7 @@ Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const S
 
 void Watchers::Activate(const Reservation& watcher, ScopedFd fd) {
   {
-    std::lock_guard<std::mutex> lock(list_mutex_);
+    std::lock_guard<ForkMutex> lock(list_mutex_);
     if (watcher->state != Watcher::State::kReplying) return;  // replaced meanwhile: fd closes
     watcher->fd = std::move(fd);
     watcher->state = Watcher::State::kActive;
@@ -105,7 +105,7 @@ void Watchers::Activate(const Reservation& watcher, ScopedFd fd) {
 
 void Watchers::Cancel(const Reservation& watcher) {
   {
-    std::lock_guard<std::mutex> lock(list_mutex_);
+    std::lock_guard<ForkMutex> lock(list_mutex_);
     watcher->dead = true;
     watcher->state = Watcher::State::kGone;
     list_.erase(std::remove(list_.begin(), list_.end(), watcher), list_.end());
@@ -115,18 +115,18 @@ void Watchers::Cancel(const Reservation& watcher) {
 
 void Watchers::Drop(const std::shared_ptr<Watcher>& watcher) {
   watcher->dead = true;
-  std::lock_guard<std::mutex> lock(list_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   watcher->state = Watcher::State::kGone;
   list_.erase(std::remove(list_.begin(), list_.end(), watcher), list_.end());
 }
 
 size_t Watchers::count() const {
-  std::lock_guard<std::mutex> lock(list_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   return list_.size();
 }
 
 size_t Watchers::lagging_count() const {
-  std::lock_guard<std::mutex> lock(list_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   return static_cast<size_t>(
       std::count_if(list_.begin(), list_.end(), [](const auto& w) { return w->lagging.load(); }));
 }
@@ -283,7 +283,7 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
 bool Watchers::PollFds(std::vector<pollfd>* fds) {
   std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
   if (!notifying.owns_lock()) return false;  // a Notify runs: it catches up whom it can
-  std::lock_guard<std::mutex> lock(list_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   for (const auto& watcher : list_) {
     if (!watcher->lagging || watcher->dead || watcher->state != Watcher::State::kActive) continue;
     short events = POLLIN;  // its acks, when it runs again
@@ -311,7 +311,7 @@ struct Watchers::Target {
 std::vector<Watchers::Target> Watchers::TargetsOf(const std::vector<WatchNotice>& notices,
                                                   const Deadline& deadline) {
   std::vector<Target> targets;
-  std::unique_lock<std::mutex> lock(list_mutex_);
+  std::unique_lock<ForkMutex> lock(list_mutex_);
   for (const auto& watcher : list_) {
     Target target{watcher, {}, 0};
     for (size_t i = 0; i < notices.size(); ++i)
@@ -450,7 +450,7 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
 void Watchers::Maintain() {
   std::vector<std::shared_ptr<Watcher>> lagging;
   {
-    std::lock_guard<std::mutex> lock(list_mutex_);
+    std::lock_guard<ForkMutex> lock(list_mutex_);
     for (const auto& watcher : list_)
       if (watcher->lagging) lagging.push_back(watcher);
   }
@@ -470,8 +470,9 @@ void Watchers::Maintain() {
 }
 
 void Watchers::AbandonAfterFork() noexcept {
-  std::unique_lock<std::mutex> lock(list_mutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // busy at the fork: leave the copies open
+  // False only when the thread that forked held the list itself: leave the copies open.
+  if (!list_mutex_.ChildAfterFork()) return;
+  std::lock_guard<ForkMutex> lock(list_mutex_);
   // Our copies only, by a plain close: a shutdown() would end the parent's
   // connections too (it acts on the socket, not on the descriptor).
   for (auto& watcher : list_)

@@ -21,8 +21,12 @@
 // the thread that unmaps or maps (the application's), Maintain on the
 // listener's poll thread. One Notify or Maintain at a time talks to the
 // watchers (notify_mutex_; Maintain only tries it); the list is guarded by
-// list_mutex_, held only to add, remove or copy entries, never across I/O.
-// Entries are shared_ptrs so that a Notify in progress keeps its own.
+// list_mutex_, held only to add, remove or copy entries, never across I/O
+// (a poll() that does not wait, to find hung-up entries, aside). Entries are
+// shared_ptrs so that a Notify in progress keeps its own. list_mutex_ is a
+// fork lock (common/fork_lock.h): a fork waits for its holder, so that a
+// forked child always finds the list whole and closes its copies of the
+// connections.
 #pragma once
 
 #include <poll.h>
@@ -37,6 +41,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "transport/fd_channel.h"
 #include "transport/siphash.h"
@@ -114,8 +119,12 @@ class Watchers {
   size_t count() const;
   size_t lagging_count() const;
 
+  // The fork handlers' (core/process_state.cc): before a fork, takes the
+  // list's lock (waiting for its holder); after it, releases it in the parent.
+  void PrepareFork() noexcept { list_mutex_.PrepareFork(); }
+  void ParentAfterFork() noexcept { list_mutex_.ParentAfterFork(); }
   // A forked child: the connections belong to the parent's importers.
-  // Forgets them without touching the parent's locks' state.
+  // Closes its copies and forgets them.
   void AbandonAfterFork() noexcept;
 
  private:
@@ -137,15 +146,16 @@ class Watchers {
   // Reads every ack queued on `watcher` without waiting; false when the
   // watcher must be dropped. Acks of current notices are added to `result`.
   bool ReadAcks(Watcher& watcher, NotifyResult* result);
-  // Sends a lagging watcher's backlog, if it has acked everything; clears
-  // its lagging state when nothing is left. Never waits.
+  // Sends a lagging watcher's backlog, if it has answered everything sent
+  // before it lagged; clears its lagging state when nothing is left. Never waits.
   void CatchUp(Watcher& watcher, int stop_fd);
   static bool Answered(const Watcher& watcher);
   bool SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
                  const Deadline& deadline, int stop_fd, bool* would_block);
 
-  mutable std::mutex list_mutex_;
-  std::condition_variable activated_;  // a reserved watcher became active or went
+  mutable ForkMutex list_mutex_;
+  // A reserved watcher became active or went (waited on with list_mutex_).
+  std::condition_variable_any activated_;
   std::mutex notify_mutex_;
   std::vector<std::shared_ptr<Watcher>> list_;
   ResumeFdSource resume_fd_;

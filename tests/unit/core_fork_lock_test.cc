@@ -228,6 +228,47 @@ TEST(CoreForkLocks, TheChildClosesTheCachedFdsWhileAnotherThreadHoldsTheMappingT
   state.exporter.mappings().Remove(exported.bases[0], 3 * kChunk);
 }
 
+TEST(CoreForkLocks, TheChildClosesTheWatchConnectionsWhileAnotherThreadHoldsTheWatchClient) {
+  ResetHold();
+  ProcessState& state = State();
+  auto make = [](void** context) {
+    *context = nullptr;
+    return std::make_unique<transport::WatchClient>(
+        [](uint64_t, const transport::wire::Event&, ScopedFd) {
+          return transport::wire::AckStatus::kDone;
+        },
+        1000);
+  };
+  // The exporters' ends stay here; the importer's ends go to the watch client.
+  std::vector<ScopedFd> exporter_ends;
+  std::set<std::string> targets;
+  auto connection = [&] {
+    int sv[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    exporter_ends.emplace_back(sv[0]);
+    targets.insert(SocketTarget(sv[1]));
+    transport::WatchConnection c;
+    c.fd.Reset(sv[1]);
+    return c;
+  };
+  std::string error;
+  ASSERT_TRUE(state.importer.AddWatch(0x1111, connection(), make, &error)) << error;
+  transport::WatchConnection second = connection();
+  ASSERT_EQ(FdsTo(targets), 2);
+
+  // The second connection added, the client's thread woken under its lock: held there.
+  std::thread holder([&] {
+    t_hold_next_wake = true;
+    std::string add_error;
+    EXPECT_TRUE(state.importer.AddWatch(0x2222, std::move(second), make, &add_error)) << add_error;
+  });
+  const int kept = ForkWhileHeld(targets);
+  holder.join();
+  EXPECT_EQ(kept, 0) << "the forked child kept copies of the parent's watch connections";
+  EXPECT_EQ(FdsTo(targets), 2);
+  EXPECT_TRUE(state.importer.Watches(0x2222));
+}
+
 // The thread inside the mapping table's critical section forks itself (a
 // signal handler there could): the fork must not wait for a lock its own
 // thread holds. Its child may keep the fds then; it must exist and exit.
@@ -251,6 +292,42 @@ TEST(CoreForkLocks, AForkFromInsideTheCriticalSectionDoesNotWaitForItself) {
   EXPECT_TRUE(
       state.exporter.mappings().DupCachedFd(exported.bases[1], exported.generations[1]).valid());
   state.exporter.mappings().Remove(exported.bases[0], 3 * kChunk);
+}
+
+// The exporter's watch list (transport/watchers.h), which lives in the
+// listener; here one of its own, with the fork handlers core registers for
+// the process state's (ExportSide::PrepareFork and the rest) registered for
+// it. The second Adopt looks for hung-up importers under the list's lock and
+// is held there; the connection it adopts is still in its hands (not in the
+// list) at the fork, so only the first one is checked.
+transport::Watchers* g_watchers = nullptr;
+
+TEST(CoreForkLocks, TheChildClosesTheWatchListWhileAnotherThreadHoldsIt) {
+  ResetHold();
+  static transport::Watchers watchers;
+  g_watchers = &watchers;
+  pthread_atfork([] { g_watchers->PrepareFork(); }, [] { g_watchers->ParentAfterFork(); },
+                 [] { g_watchers->AbandonAfterFork(); });
+  std::vector<ScopedFd> importer_ends;
+  std::vector<std::string> exporter_ends;
+  uint32_t follower = 0;
+  auto adopt = [&] {
+    int sv[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    importer_ends.emplace_back(sv[0]);
+    exporter_ends.push_back(SocketTarget(sv[1]));
+    // Reserve looks for hung-up watchers under the list's lock (the hold point).
+    transport::Watchers::Reservation watcher = watchers.Reserve(++follower, 4321, {1, 2}, {});
+    ASSERT_NE(watcher, nullptr);
+    watchers.Activate(watcher, ScopedFd(sv[1]));
+  };
+  adopt();
+  g_hold_hang_up_check = true;
+  std::thread holder(adopt);
+  const int kept = ForkWhileHeld({exporter_ends[0]});
+  holder.join();
+  EXPECT_EQ(kept, 0) << "the forked child kept its copy of a watch connection";
+  EXPECT_EQ(watchers.count(), 2u);
 }
 
 }  // namespace
