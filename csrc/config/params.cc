@@ -9,6 +9,8 @@
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace vmmipc::config {
@@ -237,6 +239,24 @@ Params::Params() {
 }
 
 std::span<const ParamSpec> AllParams() { return kSpecs; }
+
+bool EnabledByEnvironment() {
+  // The variable of the `enable` field, and its default, as params.def names them.
+  static_assert(std::is_same_v<decltype(Params::enable), bool>);
+  const char* name = "";
+  const char* default_text = "1";
+#define VMMIPC_PARAM(field, variable, kind, def, doc)   \
+  if constexpr (std::string_view(#field) == "enable") { \
+    name = variable;                                    \
+    default_text = def;                                 \
+  }
+#include "config/params.def"
+#undef VMMIPC_PARAM
+  bool enabled = true;
+  ParseBool(default_text, &enabled);
+  if (const char* text = std::getenv(name)) ParseBool(text, &enabled);
+  return enabled;
+}
 
 bool ParseBool(const char* text, bool* out) {
   std::string s = Trim(text);

@@ -96,6 +96,11 @@ Params Parse(const EnvLookup& lookup);
 // call also sets the log's level, rank and file from them, then logs the
 // warnings of Parse.
 const Params& Get();
+// VMMIPC_ENABLE alone, read with getenv: for what runs before the
+// configuration is read, at load time (core/load_time.h). Nothing else is
+// parsed and nothing is logged; a value that does not parse reads as the
+// default, as Parse reads it.
+bool EnabledByEnvironment();
 // The effective configuration on one line, for the log: every variable whose
 // value differs from its default (VMMIPC_RANK aside), then the rank and where
 // it came from, e.g. "config: VMMIPC_LOG_LEVEL=info VMMIPC_STATS=1 (others

@@ -13,7 +13,7 @@
 //  - ahead_mutex_ guards the export-ahead queue. It is held only to push or
 //    swap the list, never across an export.
 //  - warm_up_mutex_ is held while the warm-up before the first export runs
-//    (driver calls and a grace period, once per process); later exports see
+//    (driver calls, once per process); later exports see
 //    warmed_up_ and take no lock. The export anchor it makes is kept under
 //    anchor_mutex_, which is never held across a driver call.
 //  - Fork: the mapping table's lock, anchor_mutex_ and the listener's watch

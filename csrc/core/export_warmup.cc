@@ -1,4 +1,4 @@
-// At the first export: the export anchor and the fd table.
+// At the first export: the export anchor.
 //
 // The driver sets up per-process export state when the process's count of
 // live exported fds goes from 0 to 1 (~600 us, paid by that export) and tears
@@ -9,17 +9,21 @@
 // last fd, then its next export. One exported fd of an allocation nobody maps,
 // kept to the end, holds the count above 0.
 //
-// The fd table: the cache's fds (and the ones an importer receives) would grow
-// it doubling by doubling, each growth an RCU grace period in the middle of an
-// open; one growth here covers them. Both run before the first export leaves,
-// on the thread that makes it (a listener thread), so the process's fds and
-// allocations are what they will stay once its first share is answered.
+// It runs before the first export leaves, on the thread that makes it (a
+// listener thread), so the process's fds and allocations are what they will
+// stay once its first share is answered. The fd table is no longer grown
+// here: it was grown at load time (core/load_time.h), while the process had
+// one thread. Here, in a multi-threaded process, the growth would wait for an
+// RCU grace period (4-7 ms on the H200 hosts) on the first open's path, and
+// for a library loaded late (dlopen'ed into a process that already runs
+// threads) no thread is off every open's path at this point: such a process's
+// table grows as fds are opened, as it would without vmmipc.
 #include "core/export_warmup.h"
 
 #include "common/fd_table.h"
 #include "common/log.h"
 #include "config/params.h"
-#include "core/exported_fds.h"
+#include "core/load_time.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "core/vmm_memory.h"
@@ -64,16 +68,12 @@ bool MakeExportAnchor(ProcessState& state, int32_t device) {
   return true;
 }
 
-// The fd table grown once for the exported-fd cache and as many fds again in
-// flight (grants being sent, chunks being received): one grace period now
-// instead of one at each doubling, later, in the middle of opens. One debug
-// line says what the warm-up did.
-void GrowFdTableForExports(const char* anchored) {
-  const int cache = static_cast<int>(FdCacheLimit(config::Get().export_fd_cache));
-  const int before = FdTableSize();
-  GrowFdTable(2 * cache);
-  VMMIPC_LOG_DEBUG("export warm-up done: fd table {} -> {} entries; export anchor {}", before,
-                   FdTableSize(), anchored);
+// One debug line says what the warm-up did, and what the load time did to the
+// fd table (its size read only then: a read of /proc/self/status).
+void SayWarmedUp(const char* anchored) {
+  if (!log::Enabled(log::Level::kDebug)) return;
+  VMMIPC_LOG_DEBUG("export warm-up done: fd table {} entries ({}, {} wanted); export anchor {}",
+                   FdTableSize(), FdTableAtLoad(), FdTableSizeAtLoad(), anchored);
 }
 
 }  // namespace
@@ -84,7 +84,7 @@ void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept {
     // this first export would have paid, so the chunk's own costs ~35 us.
     const bool wanted = config::Get().export_anchor && device >= 0;
     const char* anchored = !wanted ? "off" : MakeExportAnchor(state, device) ? "kept" : "none";
-    GrowFdTableForExports(anchored);
+    SayWarmedUp(anchored);
   });
 }
 

@@ -1,8 +1,8 @@
 // At the process's first export, what keeps its later exports cheap: the
 // export anchor (VMMIPC_EXPORT_ANCHOR: one exported fd of a small allocation
 // of its own, kept until exit, so that the driver's per-process export state
-// outlives the unmap of every exported chunk) and an fd table sized once for
-// the exported-fd cache (common/fd_table.h).
+// outlives the unmap of every exported chunk). The fd table was sized for the
+// exported-fd cache at load time (core/load_time.h).
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,9 @@
 namespace vmmipc::core {
 
 // Called before an export of a chunk on `device`: the first call of the
-// process makes the export anchor and grows the fd table, there and then
-// (the first export pays the driver's set-up anyway; the growth one grace
-// period, once); a call that comes meanwhile waits for it; later calls return
-// at once. Runs on the thread that exports: a listener thread, in the export
+// process makes the export anchor, there and then (the first export pays the
+// driver's set-up anyway); a call that comes meanwhile waits for it; later
+// calls return at once. Runs on the thread that exports: a listener thread, in the export
 // context.
 void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept;
 

@@ -41,7 +41,7 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
     return CUDA_SUCCESS;
   }
   // Once per process, before the first export and outside the stripes (it
-  // waits for a grace period): the export anchor and the fd table.
+  // makes an allocation and exports it): the export anchor.
   WarmUpBeforeFirstExport(state, chunk.device);
   // Two answers missing the same chunk at once (peers opening together, or
   // the export ahead) would export it twice: one export per chunk, the

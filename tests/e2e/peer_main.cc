@@ -1044,6 +1044,15 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     return next == dflt ? "ok" : "err next=" + Hex(reinterpret_cast<uint64_t>(next)) +
                                      " default=" + Hex(reinterpret_cast<uint64_t>(dflt));
   }
+  if (cmd == "load_late") {  // path: dlopen it with a second thread already running
+    static int hold[2] = {-1, -1};
+    if (hold[0] < 0 && pipe2(hold, O_CLOEXEC) != 0) return "err pipe";
+    std::thread([] {
+      char c;
+      (void)!read(hold[0], &c, 1);  // never written: runs until exit
+    }).detach();
+    return dlopen(a.at(1).c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr ? "ok" : "err dlopen";
+  }
   if (cmd == "devices") {
     int count = 0;
     CUresult r = cuDeviceGetCount(&count);

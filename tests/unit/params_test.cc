@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string>
 #include <vector>
 
 namespace vmmipc::config {
@@ -93,6 +94,21 @@ TEST(Params, BadValuesAreIgnoredAndTheDefaultKept) {
   EXPECT_EQ(p.timeout_ms, d.timeout_ms);
   EXPECT_EQ(p.cuda_library, d.cuda_library);
   EXPECT_EQ(p.force_posix_fd, d.force_posix_fd);
+}
+
+// The master switch read alone, before the configuration (at load time): as
+// Parse reads it, invalid values included.
+TEST(Params, TheSwitchReadAloneReadsAsParseDoes) {
+  const char* saved = std::getenv("VMMIPC_ENABLE");
+  const std::string kept = saved != nullptr ? saved : "";
+  for (const char* text : {"0", "off", " false ", "1", "on", "junk", ""}) {
+    setenv("VMMIPC_ENABLE", text, 1);
+    EXPECT_EQ(EnabledByEnvironment(), Parse([](const char* n) { return std::getenv(n); }).enable)
+        << "'" << text << "'";
+  }
+  unsetenv("VMMIPC_ENABLE");
+  EXPECT_TRUE(EnabledByEnvironment());
+  if (saved != nullptr) setenv("VMMIPC_ENABLE", kept.c_str(), 1);
 }
 
 TEST(Params, RankFallsBackToLocalRankThenRank) {
