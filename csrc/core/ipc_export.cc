@@ -10,6 +10,7 @@
 
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "common/syscall.h"
 #include "config/params.h"
 #include "core/export_ahead.h"
 #include "core/export_arena.h"
@@ -192,6 +193,15 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
 // Starts the listener, on the first export (under the export side's lock,
 // ExportSide::EnsureListener); `context` is the one its threads will use.
 std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** context) {
+  if (!state.has_secret) {
+    // The export side remembers it (as a listener that cannot start): one line.
+    VMMIPC_LOG_ERROR(
+        "no randomness for this process's handle secret (getrandom: {}; /dev/urandom: {}); "
+        "VMM memory cannot be exported from this process (cuIpcGetMemHandle returns "
+        "CUDA_ERROR_OPERATING_SYSTEM); opening other processes' handles works",
+        ErrnoText(state.no_secret.getrandom_error), ErrnoText(state.no_secret.urandom_error));
+    return nullptr;
+  }
   CUcontext current = nullptr;
   if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
   const config::Params& params = config::Get();

@@ -2,16 +2,14 @@
 #include "core/process_state.h"
 
 #include <pthread.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 
 #include "common/log.h"
 #include "common/parked.h"
+#include "common/random.h"
+#include "common/syscall.h"
 #include "config/params.h"
 #include "core/stats.h"
 #include "transport/fd_reaper.h"
@@ -23,25 +21,22 @@ std::atomic<ProcessState*> g_state{nullptr};
 std::mutex g_create_mutex;
 
 // The secret under which this process's handles are made, and its public
-// instance id (never 0). getrandom only fails without entropy very early in
-// boot, where waiting for it could block the host program: then time and pid
-// are mixed in, with a warning, since such a secret can be guessed.
+// instance id (never 0). The secret comes from the kernel's randomness or not
+// at all: one made from the clock and pid could be guessed, and with it every
+// handle's capability. Without it exports are refused (core/ipc_export.cc
+// StartListener says why); imports need none. The instance is public anyway
+// (in every handle): it must only differ from that of an earlier process of
+// the same pid, which FillUnique's clocks give even without randomness.
 void NewIdentity(ProcessState* state) {
-  uint64_t words[3] = {};
-  if (getrandom(words, sizeof(words), GRND_NONBLOCK) != sizeof(words)) {
-    const uint64_t now =
-        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    const uint64_t pid = static_cast<uint64_t>(getpid());
-    words[0] = now * 0x9E3779B97F4A7C15ull ^ pid << 32;
-    words[1] = (now ^ 0xC2B2AE3D27D4EB4Full) * 0x165667B19E3779F9ull ^ pid;
-    words[2] = words[0] ^ words[1] >> 17;
-    VMMIPC_LOG_WARN(
-        "getrandom failed ({}): this process's handle secret is made from the clock "
-        "and pid, and can be guessed",
-        std::strerror(errno));
-  }
-  state->secret = transport::SipKey{words[0], words[1]};
-  state->instance = static_cast<uint32_t>(words[2]) != 0 ? static_cast<uint32_t>(words[2]) : 1;
+  uint64_t key[2] = {};
+  state->has_secret = FillRandom(key, sizeof(key), &state->no_secret);
+  state->secret = state->has_secret ? transport::SipKey{key[0], key[1]} : transport::SipKey{};
+  if (state->has_secret && state->no_secret.getrandom_error != 0)
+    VMMIPC_LOG_DEBUG("getrandom failed ({}): this process's handle secret comes from /dev/urandom",
+                     ErrnoText(state->no_secret.getrandom_error));
+  uint32_t instance = 0;
+  FillUnique(&instance, sizeof(instance));
+  state->instance = instance != 0 ? instance : 1;
 }
 
 ProcessState* Create() {

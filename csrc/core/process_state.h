@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common/random.h"
 #include "core/arena_side.h"
 #include "core/export_side.h"
 #include "core/import_side.h"
@@ -22,7 +23,12 @@ struct ProcessState {
   // Handles are capabilities made under `secret`, which never leaves the
   // process (transport/wire.h Capability); `instance` is public, in every
   // handle, and tells this process from an earlier one with the same pid.
+  // Without randomness from the kernel there is no secret (has_secret false,
+  // `no_secret` says why) and exports are refused; the instance is then only
+  // unique (common/random.h FillUnique), which an importer needs.
   transport::SipKey secret;
+  bool has_secret = false;
+  RandomFailure no_secret;
   uint32_t instance = 0;  // never 0
   int32_t rank = -1;      // this process's slot from a rank variable, -1 none
 

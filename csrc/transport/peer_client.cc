@@ -3,13 +3,13 @@
 // failure closes every fd received so far (they live in ScopedFd throughout).
 #include "transport/peer_client.h"
 
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "common/random.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
 #include "transport/socket_address.h"
@@ -43,23 +43,6 @@ FetchResult IoFailure(const IoResult& io, const std::string& what, const SocketA
       return Fail(FetchStatus::kProtocolError,
                   fmt::format("{} on {}: {}", what, address.display, ErrnoText(io.error)));
   }
-}
-
-// 128 random bits that make this exchange's reply MACs unique to it.
-bool MakeNonce(wire::Nonce* nonce, int* error) {
-  size_t done = 0;
-  while (done < nonce->size()) {
-    // getrandom (not /dev/urandom): no fd to open, works in a chroot or when
-    // the host process is out of fds; blocks only before the pool is seeded.
-    const ssize_t n = ::getrandom(nonce->data() + done, nonce->size() - done, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      *error = errno;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 }  // namespace
@@ -129,11 +112,10 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   wire_request.region_base = request.region_base;
   wire_request.generation = request.generation;
   wire_request.rank_slot = request.rank_slot;
-  int random_error = 0;
-  if (!MakeNonce(&wire_request.nonce, &random_error)) {
-    return Fail(FetchStatus::kNoResources,
-                fmt::format("getrandom failed: {}", ErrnoText(random_error)));
-  }
+  // 128 bits that make this exchange's reply MACs its own: random from the
+  // kernel, else (a seccomp policy refusing getrandom, no /dev/urandom) only
+  // unique, which is what a nonce needs (docs/security.md).
+  FillUnique(wire_request.nonce.data(), wire_request.nonce.size());
   const SipKey key = wire::DeriveKey(request.capability, request.exporter_pid);
   const auto request_bytes = wire::EncodeRequest(wire_request, key);
   if (IoResult io = SendMessage(sock.get(), request_bytes, {}, deadline); !io.ok()) {
