@@ -2,13 +2,11 @@
 // reservation, and its fork reset.
 #include "core/import_side.h"
 
-#include <sys/random.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 
 #include "common/parked.h"
+#include "common/random.h"
 
 namespace vmmipc::core {
 
@@ -105,11 +103,10 @@ std::optional<state::ZoneLayout> ImportSide::ReservedZone() {
 uint32_t ImportSide::follower_id() {
   std::lock_guard<std::mutex> lock(follow_mutex_);
   while (follower_id_ == 0) {
-    // Unguessable, so that no other process can claim this one's grants; the
-    // clock is only a last resort (it then names grants, it guards nothing).
-    if (getrandom(&follower_id_, sizeof(follower_id_), GRND_NONBLOCK) != sizeof(follower_id_))
-      follower_id_ = static_cast<uint32_t>(
-          std::chrono::steady_clock::now().time_since_epoch().count() ^ (getpid() << 16));
+    // Unguessable, so that no other process can claim this one's grants;
+    // without randomness only unique (it then names grants, it guards nothing).
+    if (!FillRandom(&follower_id_, sizeof(follower_id_)))
+      FillUnique(&follower_id_, sizeof(follower_id_));
   }
   return follower_id_;
 }
