@@ -102,7 +102,7 @@ void DelayIfAsked(State& s, const char* name) {
     for (auto it = s.delays.begin(); it != s.delays.end(); ++it) {
       if (it->name != name) continue;
       if (--it->countdown > 0) return;
-      ms = static_cast<unsigned int>(it->code);
+      ms = it->ms;
       s.delays.erase(it);
       break;
     }
@@ -269,7 +269,7 @@ extern "C" int simcuda_inject_delay(const char* name, unsigned int nth, unsigned
   if (name == nullptr || name[0] == '\0' || nth == 0 || ms == 0 || ms > 60000) return -1;
   simcuda::State& s = St();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.delays.push_back({name, nth, static_cast<CUresult>(ms)});
+  s.delays.push_back({name, nth, ms});
   return 0;
 }
 

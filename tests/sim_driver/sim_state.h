@@ -88,6 +88,14 @@ struct Fault {
   CUresult code = CUDA_SUCCESS;
 };
 
+// A delay of its own type: milliseconds past CUresult's range (1024 and up)
+// are not a value of that enum.
+struct Delay {
+  std::string name;
+  unsigned int countdown = 0;
+  unsigned int ms = 0;
+};
+
 struct State {
   std::mutex mu;
   bool initialized = false;
@@ -109,7 +117,7 @@ struct State {
   std::map<uintptr_t, LegacyAlloc> legacy;
   std::map<uintptr_t, LegacyImport> imports;
   std::vector<Fault> faults;
-  std::vector<Fault> delays;  // code holds the delay in ms
+  std::vector<Delay> delays;
 };
 
 // The one state object: built on first use, never destroyed (safe in atexit handlers).
