@@ -259,6 +259,52 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
   return run;
 }
 
+// Maps the chunks an open brings (those with an fd: a paused one waits for
+// its resume) and opens access to them, one cuMemSetAccess per contiguous
+// stretch. On failure nothing of them stays mapped and a private reservation
+// is freed. `*import_and_map_us`: the time until the last map, from `map_start`.
+CUresult MapNewChunks(ProcessState& state, const Placement& placement,
+                      const std::vector<state::MappedChunk>& mapped_now,
+                      const std::vector<int>& fd_to_map, CUdevice device,
+                      SteadyClock::time_point map_start, uint64_t* import_and_map_us) {
+  CUresult result = CUDA_SUCCESS;
+  // A page-table anchor where a chunk goes moves out of the way first.
+  if (placement.zone_slot != state::kNotInZone &&
+      !ClearAnchorsFor(state, placement.zone_slot, mapped_now))
+    result = CUDA_ERROR_MAP_FAILED;
+  size_t mapped_count = 0;
+  for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
+    if (fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
+    result = MapChunk(fd_to_map[mapped_count], mapped_now[mapped_count].target,
+                      mapped_now[mapped_count].size);
+    if (result != CUDA_SUCCESS) break;
+  }
+  *import_and_map_us = MicrosSince(map_start);
+  // One cuMemSetAccess per contiguous stretch of new chunks.
+  for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
+    if (fd_to_map[i] < 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < mapped_now.size() && fd_to_map[j] >= 0 &&
+           mapped_now[j].target == mapped_now[j - 1].target + mapped_now[j - 1].size)
+      ++j;
+    const uint64_t end = mapped_now[j - 1].target + mapped_now[j - 1].size;
+    result = OpenAccess(mapped_now[i].target, end - mapped_now[i].target, device);
+    i = j;
+  }
+  if (result != CUDA_SUCCESS) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    for (size_t i = 0; i < mapped_count; ++i)
+      if (fd_to_map[i] >= 0) UnmapChunk(mapped_now[i].target, mapped_now[i].size);
+    if (placement.private_reservation != 0)
+      FreeReservation(placement.private_reservation, placement.private_size);
+    return result;
+  }
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
@@ -397,41 +443,9 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       FreeReservation(placement.private_reservation, placement.private_size);
     return CUDA_ERROR_MAP_FAILED;
   }
-  CUresult result = CUDA_SUCCESS;
-  // A page-table anchor where a chunk goes moves out of the way first.
-  if (placement.zone_slot != state::kNotInZone &&
-      !ClearAnchorsFor(state, placement.zone_slot, mapped_now))
-    result = CUDA_ERROR_MAP_FAILED;
-  size_t mapped_count = 0;
-  for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
-    if (fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
-    result = MapChunk(fd_to_map[mapped_count], mapped_now[mapped_count].target,
-                      mapped_now[mapped_count].size);
-    if (result != CUDA_SUCCESS) break;
-  }
-  const uint64_t import_and_map_us = MicrosSince(map_start);
-  // One cuMemSetAccess per contiguous stretch of new chunks.
-  for (size_t i = 0; result == CUDA_SUCCESS && i < mapped_now.size();) {
-    if (fd_to_map[i] < 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i + 1;
-    while (j < mapped_now.size() && fd_to_map[j] >= 0 &&
-           mapped_now[j].target == mapped_now[j - 1].target + mapped_now[j - 1].size)
-      ++j;
-    const uint64_t end = mapped_now[j - 1].target + mapped_now[j - 1].size;
-    result = OpenAccess(mapped_now[i].target, end - mapped_now[i].target, device);
-    i = j;
-  }
-  if (result != CUDA_SUCCESS) {
-    stats::Count(stats::Counter::kOpenFailedMap);
-    for (size_t i = 0; i < mapped_count; ++i)
-      if (fd_to_map[i] >= 0) UnmapChunk(mapped_now[i].target, mapped_now[i].size);
-    if (placement.private_reservation != 0)
-      FreeReservation(placement.private_reservation, placement.private_size);
-    return result;
-  }
+  uint64_t import_and_map_us = 0;
+  VMMIPC_RETURN_IF_ERROR(
+      MapNewChunks(state, placement, mapped_now, fd_to_map, device, map_start, &import_and_map_us));
   record.key = key;
   record.pointer = placement.run_target + (h.address - run_base);
   record.run_base = placement.run_target;
