@@ -41,3 +41,11 @@ def access_desc(device):
     desc.location.id = device
     desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     return desc
+
+
+def ipc_handle_bytes(handle):
+    """The 64 bytes of a CUipcMemHandle, whatever type the bindings give its `reserved`."""
+    reserved = handle.reserved
+    if isinstance(reserved, (bytes, bytearray)):
+        return bytes(reserved)
+    return bytes(int(x) & 0xFF for x in reserved)

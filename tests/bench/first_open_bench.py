@@ -35,7 +35,8 @@ def say(obj):
 
 def child(role, kind):
     import torch  # pylint: disable=import-outside-toplevel
-    from driver_calls import access_desc, drv, ok, vmm_prop  # pylint: disable=import-outside-toplevel
+    from driver_calls import (  # pylint: disable=import-outside-toplevel
+        access_desc, drv, ipc_handle_bytes, ok, vmm_prop)
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # the primary context, as a framework has it
     if role == "exporter":
@@ -47,10 +48,7 @@ def child(role, kind):
             ok(drv.cuMemMap(ptr, CHUNK, 0, handle, 0), "cuMemMap")
             ok(drv.cuMemSetAccess(ptr, CHUNK, [access_desc(0)], 1), "cuMemSetAccess")
         ipc = ok(drv.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle")
-        reserved = ipc.reserved
-        raw = bytes(reserved) if isinstance(reserved, (bytes, bytearray)) else \
-            bytes(int(x) & 0xFF for x in reserved)
-        say({"handle": raw.hex()})
+        say({"handle": ipc_handle_bytes(ipc).hex()})
         sys.stdin.readline()  # the importer is done
         return 0
     raw = bytes.fromhex(sys.stdin.readline().strip())

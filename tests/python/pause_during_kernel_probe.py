@@ -24,6 +24,7 @@ import time
 
 SKIP = 77
 CHUNK = 2 << 20
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
 KERNEL = r"""
 extern "C" __global__ void spin_read(const volatile unsigned int* p, unsigned long long n,
@@ -64,6 +65,7 @@ def context():
 
 def exporter():
     drv = context()
+    from driver_calls import ipc_handle_bytes  # pylint: disable=import-outside-toplevel
     prop = drv.CUmemAllocationProp()
     prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -86,10 +88,7 @@ def exporter():
 
     create(1)
     ipc = ok(drv.cuIpcGetMemHandle(base), "cuIpcGetMemHandle")
-    reserved = ipc.reserved
-    raw = bytes(reserved) if isinstance(reserved, (bytes, bytearray)) else \
-        bytes(int(x) & 0xFF for x in reserved)
-    say({"handle": raw.hex()})
+    say({"handle": ipc_handle_bytes(ipc).hex()})
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "pause":
