@@ -1,48 +1,75 @@
-// One lazily started thread draining a bounded queue of fds to close.
+// The reaper's inbox (a socketpair), its threads, and their private fd table.
 #include "transport/fd_reaper.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
-#include <deque>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
+#include "common/syscall.h"
+#include "transport/fd_disposal.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434  // Linux 5.3
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438  // Linux 5.6
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436  // Linux 5.9 for CLOSE_RANGE_UNSHARE
+#endif
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#define VMMIPC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define VMMIPC_TSAN 1
+#endif
+#endif
 
 namespace vmmipc::transport {
 namespace {
 
-// More than this many fds waiting means the reaper is stuck behind a close
-// that will not return; closing inline then is the lesser harm than holding
-// fds without bound.
-constexpr size_t kMaxPending = 4096;
+// Busy threads are those in a disposal that may block; one more is kept idle
+// while fewer than this many run, so that one close that does not return
+// holds up nothing else. Past it, fds wait in the inbox's queue.
+constexpr size_t kMaxReaperThreads = 4;
 
 struct Reaper {
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<int> queue;  // guarded by mutex
-  bool started = false;   // guarded by mutex
-  bool overflow_warned = false;
+  std::mutex mutex;        // guards the fields below that say so
+  bool started = false;    // guarded by mutex
+  int inbox_send = -1;     // host table: CloseInBackground sends here (set under mutex, then fixed)
+  int inbox_receive = -1;  // host table's copy of the other end (guarded by mutex)
+  bool shared_only = false;                       // guarded by mutex: never try a private table
+  std::atomic<bool> private_inbox_ready{false};   // the private table holds its own copy
+  std::atomic<bool> private_table_failed{false};  // unshared, then could not get the inbox
+  std::atomic<ReaperTable> table{ReaperTable::kNotStarted};
+  // The first thread says where it settled (table above); its starter waits for that.
+  std::mutex settled_mutex;
+  std::condition_variable settled;
+  std::atomic<size_t> threads{0};
+  std::atomic<size_t> idle{0};
   std::atomic<size_t> pending{0};
-
-  void Run() noexcept {
-    std::unique_lock lock(mutex);
-    while (true) {
-      wake.wait(lock, [this] { return !queue.empty(); });
-      const int fd = queue.front();
-      queue.pop_front();
-      lock.unlock();
-      ScopedFd closing(fd);  // the close that may block, on this thread only
-      closing.Reset();
-      pending.fetch_sub(1, std::memory_order_relaxed);
-      lock.lock();
-    }
-  }
+  std::atomic<bool> overflow_warned{false};
 };
 
-// Never destroyed: the thread runs until the process exits.
+std::atomic<DisposalHook> g_disposal_hook{nullptr};
+
+// Never destroyed: the threads run until the process exits.
 std::atomic<Reaper*> g_reaper{nullptr};
 std::mutex g_create_mutex;
 
@@ -58,17 +85,231 @@ Reaper& Get() {
   return *reaper;
 }
 
+long PidfdOpenSelf() { return ::syscall(SYS_pidfd_open, ::getpid(), 0); }
+
+// Moves the calling thread into a fd table of its own and returns its copy of
+// `inbox` there, or -1: still in the host's table unless `*unshared` says
+// otherwise. Probed in the host's table first, since after the unshare
+// there is no way back.
+int EnterPrivateTable(int inbox, bool* unshared) {
+  *unshared = false;
+  const long probe_pidfd = PidfdOpenSelf();
+  if (probe_pidfd < 0) return -1;  // before 5.3, or a seccomp policy
+  // pidfd_getfd on our own process: same thread group, so no ptrace
+  // permission is needed (before 5.6, or refused by seccomp: -1).
+  const long probe = ::syscall(SYS_pidfd_getfd, probe_pidfd, inbox, 0);
+  ::close(static_cast<int>(probe_pidfd));
+  if (probe < 0) return -1;
+  ::close(static_cast<int>(probe));
+  // An empty table of our own, no copy of the host's fds: a copy would keep
+  // the host's files open (a pipe it closes would never see its end).
+  if (::syscall(SYS_close_range, 0u, ~0u, CLOSE_RANGE_UNSHARE) != 0) return -1;
+  *unshared = true;
+  // The inbox first (two fds at most: a host near its fd limit has the same
+  // limit here), then 0, 1 and 2 filled so that nothing received lands on
+  // the stdio numbers, which a sanitizer's report or the C library's last
+  // words would write to.
+  const long pidfd = PidfdOpenSelf();
+  // The thread group's leader holds the host's table; pidfd_getfd reads it.
+  const long own = pidfd < 0 ? -1 : ::syscall(SYS_pidfd_getfd, pidfd, inbox, 0);
+  if (pidfd >= 0) ::close(static_cast<int>(pidfd));
+  for (int i = 0; i < 3; ++i) {
+    if (::fcntl(i, F_GETFD) < 0) ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  }
+  return static_cast<int>(own);
+}
+
+void StartThread(Reaper& reaper, int inbox, bool private_table) noexcept;
+
+// Receives one message of fds from the inbox; blocks. Fills `fds` (at most
+// `capacity`) and returns how many, 0 for a message without fds, -1 when the
+// inbox is unusable.
+int ReceiveFds(int inbox, int* fds, int capacity) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = RetryOnEintr([&] { return ::recvmsg(inbox, &msg, MSG_CMSG_CLOEXEC); });
+  if (n <= 0) return -1;
+  int count = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const int* received = reinterpret_cast<const int*>(CMSG_DATA(c));
+    const size_t in_record = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < in_record; ++i) {
+      if (count < capacity) {
+        fds[count++] = received[i];
+      } else {
+        ::close(received[i]);
+      }
+    }
+  }
+  return count;
+}
+
+// A reaper thread's life. Never logs: in a private table the fd numbers are
+// not the host's (the log file's number may be a peer's fd here).
+void Run(Reaper& reaper, int inbox, bool private_table) noexcept {
+  while (true) {
+    int fds[4];
+    const int count = ReceiveFds(inbox, fds, 4);
+    if (count < 0) return;
+    // Taken: keep one thread idle for the next, unless at the cap. The new
+    // thread shares this one's table (pthread_create shares the caller's).
+    if (reaper.idle.fetch_sub(1) == 1 && reaper.threads.load() < kMaxReaperThreads) {
+      StartThread(reaper, inbox, private_table);
+    }
+    for (int i = 0; i < count; ++i) {
+      if (DisposalHook hook = g_disposal_hook.load(); hook != nullptr) hook(fds[i]);
+      if (private_table) {
+        DisposalCounts counts;
+        DisposeOfPeerFd(fds[i], &counts);
+      } else {
+        ::close(fds[i]);  // the close that may block, on this thread only
+      }
+    }
+    reaper.pending.fetch_sub(1);
+    reaper.idle.fetch_add(1);
+  }
+}
+
+void Settle(Reaper& reaper, ReaperTable table) {
+  {
+    std::lock_guard lock(reaper.settled_mutex);
+    reaper.table.store(table);
+  }
+  reaper.settled.notify_all();
+}
+
+void FirstThread(Reaper& reaper, int inbox, bool try_private) noexcept {
+  int own = -1;
+  bool unshared = false;
+#ifndef VMMIPC_TSAN
+  // ThreadSanitizer keys its fd bookkeeping by number for the whole process;
+  // a second table's numbers would read to it as races with the host's.
+  if (try_private) own = EnterPrivateTable(inbox, &unshared);
+#else
+  (void)try_private;
+#endif
+  if (own >= 0) {
+    reaper.private_inbox_ready.store(true);
+    Settle(reaper, ReaperTable::kPrivate);
+    Run(reaper, own, true);
+    return;
+  }
+  if (unshared) {
+    // A table of our own but no inbox in it (pidfd_getfd worked a moment
+    // ago): this thread can do nothing; the next hand-over starts one in
+    // the host's table.
+    reaper.threads.fetch_sub(1);
+    reaper.idle.fetch_sub(1);
+    reaper.private_table_failed.store(true);
+    Settle(reaper, ReaperTable::kShared);
+    return;
+  }
+  Settle(reaper, ReaperTable::kShared);
+  Run(reaper, inbox, false);
+}
+
+void StartThread(Reaper& reaper, int inbox, bool private_table) noexcept {
+  reaper.threads.fetch_add(1);
+  reaper.idle.fetch_add(1);
+  try {
+    StartQuietThread("vmmipc-reaper", [&reaper, inbox, private_table] {
+      Run(reaper, inbox, private_table);
+    })->detach();
+  } catch (...) {
+    // No thread: the busy ones go on; the next take tries again.
+    reaper.threads.fetch_sub(1);
+    reaper.idle.fetch_sub(1);
+  }
+}
+
+// Under reaper.mutex. Once the threads hold their own copy of the inbox,
+// the host's copy of the receiving end only costs an fd.
+void CloseHostCopyOfInboxLocked(Reaper& reaper) {
+  if (reaper.inbox_receive >= 0 && reaper.private_inbox_ready.load()) {
+    ::close(reaper.inbox_receive);
+    reaper.inbox_receive = -1;
+  }
+}
+
+// Under reaper.mutex. A first thread that unshared its table but found no
+// inbox there is gone; one in the host's table takes its place.
+void ReplaceFailedPrivateThreadLocked(Reaper& reaper) {
+  if (!reaper.private_table_failed.exchange(false) || reaper.inbox_receive < 0) return;
+  reaper.shared_only = true;
+  StartThread(reaper, reaper.inbox_receive, false);
+}
+
+// Under reaper.mutex.
 bool StartLocked(Reaper& reaper) {
   if (reaper.started) return true;
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    VMMIPC_LOG_WARN("fd reaper: socketpair: {}; closing inline", ErrnoText(errno));
+    return false;
+  }
+  // Room in the inbox for thousands of fds in flight while every thread is
+  // busy (about 1 KiB of kernel memory each; the default buffer holds ~280).
+  // SO_SNDBUFFORCE passes net.core.wmem_max where we may (CAP_NET_ADMIN).
+  const int inbox_bytes = 8 << 20;
+  if (::setsockopt(pair[0], SOL_SOCKET, SO_SNDBUFFORCE, &inbox_bytes, sizeof(inbox_bytes)) != 0) {
+    ::setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &inbox_bytes, sizeof(inbox_bytes));
+  }
+  reaper.threads.store(1);
+  reaper.idle.store(1);
+  const bool try_private = !reaper.shared_only;
   try {
-    std::unique_ptr<std::thread> thread =
-        StartQuietThread("vmmipc-reaper", [&reaper] { reaper.Run(); });
-    thread->detach();
-    reaper.started = true;
+    const int inbox = pair[1];
+    StartQuietThread("vmmipc-reaper", [&reaper, inbox, try_private] {
+      FirstThread(reaper, inbox, try_private);
+    })->detach();
   } catch (const std::exception& e) {
     VMMIPC_LOG_WARN("cannot start the fd reaper thread: {}; closing inline", e.what());
+    ::close(pair[0]);
+    ::close(pair[1]);
+    reaper.threads.store(0);
+    reaper.idle.store(0);
+    return false;
   }
-  return reaper.started;
+  reaper.inbox_send = pair[0];
+  reaper.inbox_receive = pair[1];
+  reaper.started = true;
+  // Once, at the first hand-over: wait (microseconds; bounded) until the
+  // thread has its own copy of the receiving end, so that the host's copy
+  // goes now rather than at some later hand-over.
+  std::unique_lock settled(reaper.settled_mutex);
+  reaper.settled.wait_for(settled, std::chrono::seconds(1),
+                          [&] { return reaper.table.load() != ReaperTable::kNotStarted; });
+  settled.unlock();
+  ReplaceFailedPrivateThreadLocked(reaper);
+  CloseHostCopyOfInboxLocked(reaper);
+  return true;
+}
+
+// One fd into the inbox, without waiting: false when its queue is full
+// (every thread busy in a disposal that does not return) or the kernel
+// refuses more fds in flight.
+bool SendToInbox(int inbox, int fd) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  *reinterpret_cast<int*>(CMSG_DATA(c)) = fd;
+  return RetryOnEintr([&] { return ::sendmsg(inbox, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); }) == 1;
 }
 
 }  // namespace
@@ -77,36 +318,79 @@ void CloseInBackground(ScopedFd fd) noexcept {
   if (!fd.valid()) return;
   try {
     Reaper& reaper = Get();
-    std::unique_lock lock(reaper.mutex);
-    if (reaper.queue.size() < kMaxPending && StartLocked(reaper)) {
-      reaper.queue.push_back(fd.Release());
-      reaper.pending.fetch_add(1, std::memory_order_relaxed);
-      lock.unlock();
-      reaper.wake.notify_one();
+    int inbox = -1;
+    {
+      std::lock_guard lock(reaper.mutex);
+      if (!StartLocked(reaper)) {
+        fd.Reset();
+        return;
+      }
+      ReplaceFailedPrivateThreadLocked(reaper);
+      CloseHostCopyOfInboxLocked(reaper);
+      inbox = reaper.inbox_send;
+    }
+    reaper.pending.fetch_add(1);
+    if (SendToInbox(inbox, fd.get())) {
+      // Queued: the inbox holds a reference, so this close is not the last
+      // one and cannot block.
+      fd.Reset();
       return;
     }
-    if (!reaper.overflow_warned) {
-      reaper.overflow_warned = true;
+    const int error = errno;
+    reaper.pending.fetch_sub(1);
+    if (!reaper.overflow_warned.exchange(true)) {
       VMMIPC_LOG_WARN(
-          "fd reaper: {} fds wait for a close that does not return; closing on "
-          "the caller's thread from now on",
-          reaper.queue.size());
+          "fd reaper: {} fds wait for disposals that do not return ({} threads), and its inbox "
+          "is full ({}); closing on the caller's thread from now on when it is",
+          reaper.pending.load(), reaper.threads.load(), ErrnoText(error));
     }
   } catch (...) {
-    // Out of memory for the queue: fall through to the inline close.
+    // Out of memory for the reaper: fall through to the inline close.
   }
   fd.Reset();
 }
 
 void ResetReaperAfterFork() noexcept {
-  Park(g_reaper.load(std::memory_order_relaxed));
+  Reaper* reaper = g_reaper.load(std::memory_order_relaxed);
+  if (reaper != nullptr) {
+    // The child's copies of the inbox: its parent's threads hold theirs,
+    // so these closes are never the last.
+    if (reaper->inbox_send >= 0) ::close(reaper->inbox_send);
+    if (reaper->inbox_receive >= 0) ::close(reaper->inbox_receive);
+  }
+  Park(reaper);
   new (&g_create_mutex) std::mutex();
   g_reaper.store(nullptr, std::memory_order_release);
 }
 
+ReaperTable ReaperTableInUse() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  return reaper == nullptr ? ReaperTable::kNotStarted : reaper->table.load();
+}
+
 size_t ReaperPendingForTesting() noexcept {
   Reaper* reaper = g_reaper.load(std::memory_order_acquire);
-  return reaper == nullptr ? 0 : reaper->pending.load(std::memory_order_relaxed);
+  return reaper == nullptr ? 0 : reaper->pending.load();
+}
+
+size_t ReaperThreadsForTesting() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  return reaper == nullptr ? 0 : reaper->threads.load();
+}
+
+void SetDisposalHookForTesting(DisposalHook hook) noexcept { g_disposal_hook.store(hook); }
+
+size_t ReaperHostFdsForTesting() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  if (reaper == nullptr) return 0;
+  std::lock_guard lock(reaper->mutex);
+  return (reaper->inbox_send >= 0 ? 1 : 0) + (reaper->inbox_receive >= 0 ? 1 : 0);
+}
+
+void UseSharedTableForTesting() noexcept {
+  Reaper& reaper = Get();
+  std::lock_guard lock(reaper.mutex);
+  reaper.shared_only = true;
 }
 
 }  // namespace vmmipc::transport

@@ -1,12 +1,20 @@
-// The reaper: closes, on a thread of its own, descriptors whose last close may
-// block. A peer can hand us an fd through SCM_RIGHTS (or leave one queued on a
-// connection) whose final close() sleeps in the kernel: a TCP socket with
-// unsent data and a long SO_LINGER blocks for the linger time, and the close
-// of any fd of a file on which the host holds POSIX locks drops those locks.
-// Such fds, and connections that may still hold them queued, are never closed
-// on the listener's or an importer's thread: they come here. The thread is
-// started on first use (never at load), with every signal blocked; the queue
-// is bounded, and past the bound the fd is closed inline with one warning.
+// The reaper: closes, off every thread that anything waits on, descriptors
+// whose last close may block. A peer can hand us an fd through SCM_RIGHTS (or
+// leave one queued on a connection) whose final close() sleeps in the kernel:
+// a TCP socket with unsent data and a long SO_LINGER blocks for the linger
+// time. Such fds, and connections that may still hold them queued, come here.
+//
+// CloseInBackground sends the fd over an inbox socketpair and closes our own
+// copy at once: that close is never the last one (the inbox holds a
+// reference), so it cannot block, and what waits for the reaper waits in the
+// kernel's socket queue, not in the host's fd table. Reaper threads (started
+// on first use, never at load, every signal blocked; one kept idle beside the
+// busy ones, at most kMaxReaperThreads) take the fds out and dispose of them
+// (fd_disposal.h): in a private fd table when the kernel lets us make one, so
+// that what a peer queued can be taken apart (sockets' lingering switched
+// off) without its fds ever entering the host's table, and without a close
+// there dropping the host's POSIX locks; else in the host's table, as plain
+// closes. docs/security.md has the budget this gives.
 #pragma once
 
 #include <cstddef>
@@ -18,11 +26,33 @@ namespace vmmipc::transport {
 // Takes ownership of `fd` and closes it in the background.
 void CloseInBackground(ScopedFd fd) noexcept;
 
-// A forked child: the parent's reaper thread does not exist there; forget its
-// state without touching its lock (it may be held) and start afresh on next use.
+// A forked child: the parent's reaper threads do not exist there; forget
+// their state without touching their lock (it may be held), close the
+// child's copies of the inbox, and start afresh on next use.
 void ResetReaperAfterFork() noexcept;
 
-// Fds handed over so far and not yet closed (tests).
+// Where the reaper threads dispose of fds.
+enum class ReaperTable {
+  kNotStarted,
+  kPrivate,  // their own fd table: queued fds are taken apart, never reach the host's table
+  kShared,   // the host's table (no pidfd_getfd or close_range here): plain closes
+};
+ReaperTable ReaperTableInUse() noexcept;
+
+// Fds handed over so far and not yet disposed of (tests).
 size_t ReaperPendingForTesting() noexcept;
+// Fds the reaper keeps in the host's table from its first use on: its
+// inbox's sending end (1), and the receiving end too where its threads run in
+// the host's table (2); 0 before the first use (tests' leak checks).
+size_t ReaperHostFdsForTesting() noexcept;
+// Reaper threads started so far (tests).
+size_t ReaperThreadsForTesting() noexcept;
+// A hold point: called on a reaper thread with each fd before its disposal
+// (nullptr: none). Tests stage a disposal that does not return with it.
+using DisposalHook = void (*)(int fd);
+void SetDisposalHookForTesting(DisposalHook hook) noexcept;
+// Before the first use: run in the host's table, as where the kernel lacks
+// what a private table needs (tests of that path).
+void UseSharedTableForTesting() noexcept;
 
 }  // namespace vmmipc::transport

@@ -12,6 +12,19 @@
 
 namespace vmmipc::testing {
 
+// Whether this is a ThreadSanitizer build (some paths differ under it).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
 // Open descriptors of this process (the directory's own fd included).
 inline int FdCount() {
   DIR* dir = opendir("/proc/self/fd");
