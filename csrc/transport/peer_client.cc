@@ -12,6 +12,8 @@
 #include "common/random.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
+#include "transport/fd_reaper.h"
+#include "transport/peer_fds.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
 
@@ -123,6 +125,13 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   }
 
   std::vector<ChunkGrant> chunks;
+  // A reply that fails after some batches: their fds go to the reaper too.
+  struct ReapGranted {
+    std::vector<ChunkGrant>& chunks;
+    ~ReapGranted() {
+      for (ChunkGrant& chunk : chunks) CloseInBackground(std::move(chunk.fd));
+    }
+  } reap_granted{chunks};
   std::vector<uint8_t> buffer(wire::kMaxReplySize);
   uint32_t total = 0;
   uint32_t batch_count = 1;
@@ -146,11 +155,23 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
     const wire::WireError parsed =
         wire::ParseReply(bytes, wire_request.nonce, key, &header, &entries);
     ReceivedMessage message;
+    // Whatever this batch's end, the fds it did not hand on go to the reaper:
+    // none is closed on this (the application's) thread.
+    struct ReapUnused {
+      std::vector<ScopedFd>& fds;
+      ~ReapUnused() { HandToReaper(&fds); }
+    } reap_unused{message.fds};
     if (parsed == wire::WireError::kOk) {
       // Verified: now take the message for real, with its fds.
       std::vector<uint8_t> again(buffer.size());
       if (IoResult io = ReceiveMessage(sock.get(), again, &message, deadline); !io.ok()) {
-        return IoFailure(io, what, address, timeout_ms);  // message.fds close here
+        return IoFailure(io, what, address, timeout_ms);
+      }
+      // Before anything else touches them: a socket, a FIFO or a terminal is
+      // no device memory, and would be a close that may wait.
+      if (std::string why; !AllMemoryFdKinds(message.fds, &why)) {
+        return Fail(FetchStatus::kProtocolError,
+                    fmt::format("{} from {}: {}", what, address.display, why));
       }
       if (message.length != peeked.length ||
           !std::equal(bytes.begin(), bytes.end(), again.begin())) {

@@ -18,6 +18,7 @@
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
+#include "transport/peer_fds.h"
 
 namespace vmmipc::transport {
 
@@ -58,12 +59,18 @@ bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
             ? wire::WireError::kBadLength
             : wire::ParseEvent({buffer.data(), message.length}, c.nonce, c.key, &event);
     const size_t expected_fds = event.kind == wire::EventKind::kResume ? 1 : 0;
+    // A resume's fd is checked before anything touches it: a socket (whose
+    // last close may wait) is no device memory.
+    std::string not_memory;
+    const bool memory = AllMemoryFdKinds(message.fds, &not_memory);
     if (parsed != wire::WireError::kOk || message.control_truncated ||
-        message.fds.size() != expected_fds) {
+        message.fds.size() != expected_fds || !memory) {
       VMMIPC_LOG_WARN(
-          "follow: exporter pid {} sent an event out of protocol ({}, {} fds); closing the "
+          "follow: exporter pid {} sent an event out of protocol ({}, {} fds{}); closing the "
           "watch connection: its pauses and resumes are no longer followed",
-          static_cast<uint32_t>(exporter >> 32), wire::WireErrorName(parsed), message.fds.size());
+          static_cast<uint32_t>(exporter >> 32), wire::WireErrorName(parsed), message.fds.size(),
+          memory ? "" : ": " + not_memory);
+      HandToReaper(&message.fds);  // not closed on the follow thread
       // Not followed any more while it runs: what this process holds of it
       // would go stale. The handler drops it, loudly.
       wire::Event unfollowed;

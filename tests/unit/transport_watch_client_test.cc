@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "lingering_socket.h"
 #include "test_process.h"
 #include "transport/fd_channel.h"
 #include "transport/watch_client.h"
@@ -88,6 +89,24 @@ TEST_F(WatchClientTest, AnEventOutOfProtocolMakesCoreDropWhatItHoldsOfThatExport
   ASSERT_TRUE(SendMessage(exporter_.get(), garbage, {}, Deadline::AfterMs(1000)).ok());
   ASSERT_TRUE(seen_.WaitFor(1)) << "the handler was not told that follow ended";
   EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed);
+  EXPECT_TRUE(ClosedByClient());
+}
+
+// A resume whose fd is a socket (whose last close would wait 30 s) is no
+// device memory: out of protocol, refused before the handler sees it, and
+// not closed on the follow thread, which goes on at once.
+TEST_F(WatchClientTest, AResumeWhoseFdIsALingeringSocketIsOutOfProtocolAndWaitsForNothing) {
+  ScopedFd keep_listener, keep_server;
+  ScopedFd lingering = testing::LingeringSocket(30, &keep_listener, &keep_server);
+  wire::Event event;
+  event.kind = EventKind::kResume;
+  event.sequence = 1;
+  const auto bytes = wire::EncodeEvent(event, kNonce, kKey);
+  const int fds[1] = {lingering.get()};
+  ASSERT_TRUE(SendMessage(exporter_.get(), bytes, fds, Deadline::AfterMs(1000)).ok());
+  lingering.Reset();  // the client's copy is the last
+  ASSERT_TRUE(seen_.WaitFor(1));
+  EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed) << "the socket was taken as memory";
   EXPECT_TRUE(ClosedByClient());
 }
 

@@ -1,0 +1,70 @@
+// The kind check of a peer's fds (fstat, F_GETFL, isatty) and their hand-over to the reaper.
+#include "transport/peer_fds.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/syscall.h"
+#include "transport/fd_reaper.h"
+
+namespace vmmipc::transport {
+
+bool IsMemoryFdKind(int fd, std::string* why) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *why = fmt::format("fstat: {}", ErrnoText(errno));
+    return false;
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_PATH) != 0) {
+    *why = "an O_PATH fd";
+    return false;
+  }
+  switch (st.st_mode & S_IFMT) {
+    case S_IFREG:
+    case 0:  // an anonymous inode carries no file type
+      return true;
+    case S_IFCHR:
+      // A terminal's last close may wait for its output to drain.
+      if (::isatty(fd) == 0) return true;
+      *why = "a terminal";
+      return false;
+    case S_IFSOCK:
+      *why = "a socket";
+      return false;
+    case S_IFIFO:
+      *why = "a pipe or FIFO";
+      return false;
+    case S_IFDIR:
+      *why = "a directory";
+      return false;
+    case S_IFBLK:
+      *why = "a block device";
+      return false;
+    default:
+      *why = fmt::format("a file of type {:#o}", st.st_mode & S_IFMT);
+      return false;
+  }
+}
+
+bool AllMemoryFdKinds(const std::vector<ScopedFd>& fds, std::string* why) {
+  for (size_t i = 0; i < fds.size(); ++i) {
+    std::string what;
+    if (!IsMemoryFdKind(fds[i].get(), &what)) {
+      *why = fmt::format("fd {} of {} is {}, not device memory", i + 1, fds.size(), what);
+      return false;
+    }
+  }
+  return true;
+}
+
+void HandToReaper(std::vector<ScopedFd>* fds) noexcept {
+  for (ScopedFd& fd : *fds) CloseInBackground(std::move(fd));
+  fds->clear();
+}
+
+}  // namespace vmmipc::transport
