@@ -141,6 +141,7 @@ bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter,
                          ScopedFd fd) {
   state::FollowEvent logged;
   logged.resume = event.kind == EventKind::kResume;
+  logged.unfollowed = event.kind == EventKind::kUnfollowed;
   logged.base = event.base;
   logged.size = event.size;
   logged.generation = static_cast<uint32_t>(event.generation);
@@ -162,7 +163,11 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
     if (indexes.empty()) return AckStatus::kNotHeld;  // every open of it was closed
     std::vector<std::unique_lock<std::mutex>> placement;
     for (size_t index : indexes) placement.emplace_back(state.importer.placement_mutex_at(index));
-    if (event.kind == EventKind::kUnfollowed) return FollowUnfollowed(state, exporter);
+    if (event.kind == EventKind::kUnfollowed) {
+      // Its opens in flight must not map what it no longer follows either.
+      LogForOpensInFlight(state, exporter, event, ScopedFd());
+      return FollowUnfollowed(state, exporter);
+    }
     AckStatus status = event.kind == EventKind::kPause
                            ? FollowPause(state, exporter, event)
                            : FollowResume(state, exporter, event, fd.get());

@@ -397,6 +397,15 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
         h.pid, h.address, state::InFlightOpens::kMaxEvents);
     return CUDA_ERROR_MAP_FAILED;
   }
+  if (state::AnyUnfollowed(missed)) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter stopped following this process while "
+        "it was opened (it missed too much, or its watch connection broke): nothing mapped; try "
+        "again",
+        h.pid, h.address);
+    return CUDA_ERROR_MAP_FAILED;
+  }
   const std::vector<state::FetchedChunk> run = ApplyMissed(missed, &fetched.chunks, h);
   const auto place_start = SteadyClock::now();
   Placement placement;

@@ -46,6 +46,7 @@ std::vector<size_t> InFlightOpens::LockIndexes(const ExporterId& exporter) const
 
 void ApplyFollowEvents(const std::vector<FollowEvent>& events, std::vector<FetchedChunk>* run) {
   for (const FollowEvent& event : events) {
+    if (event.unfollowed) continue;
     for (FetchedChunk& chunk : *run) {
       if (chunk.address != event.base) continue;
       if (!event.resume) {
@@ -68,6 +69,11 @@ void ApplyFollowEvents(const std::vector<FollowEvent>& events, std::vector<Fetch
       }
     }
   }
+}
+
+bool AnyUnfollowed(const std::vector<FollowEvent>& events) {
+  return std::any_of(events.begin(), events.end(),
+                     [](const FollowEvent& event) { return event.unfollowed; });
 }
 
 }  // namespace vmmipc::state

@@ -21,11 +21,12 @@
 namespace vmmipc::state {
 
 struct FollowEvent {
-  bool resume = false;  // false: a pause
-  uint64_t base = 0;    // the chunk's base in the exporter
+  bool resume = false;  // false: a pause (or, with unfollowed, neither)
+  uint64_t base = 0;        // the chunk's base in the exporter
   uint64_t size = 0;
   uint32_t generation = 0;       // pause: the one released; resume: the new one
   std::shared_ptr<ScopedFd> fd;  // resume: the new memory (shared by the opens it was logged for)
+  bool unfollowed = false;       // the exporter no longer follows this process: map nothing of it
 };
 
 // One chunk of a fetched run, as the open will place it.
@@ -68,6 +69,10 @@ class InFlightOpens {
 // Applies `events`, in the order they arrived, to the run an open fetched: a
 // pause of a chunk's generation marks it paused; a later resume at its base
 // maps the new memory instead (same size) or leaves it unmapped (refused).
+// Unfollowed events are not applied: the open checks for them first
+// (AnyUnfollowed) and maps nothing, as what it holds of that exporter has
+// just been dropped.
 void ApplyFollowEvents(const std::vector<FollowEvent>& events, std::vector<FetchedChunk>* run);
+bool AnyUnfollowed(const std::vector<FollowEvent>& events);
 
 }  // namespace vmmipc::state

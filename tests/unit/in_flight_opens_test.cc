@@ -50,6 +50,28 @@ TEST(InFlightOpens, TooManyEventsOverflowTheOpenInsteadOfDroppingOne) {
   EXPECT_TRUE(overflowed);
 }
 
+TEST(ApplyFollowEvents, AnUnfollowedEventIsSeenByTheOpenAndAppliesToNoChunk) {
+  InFlightOpens opens;
+  const ExporterId exporter{7, 1};
+  const uint64_t id = opens.Begin(exporter, 0);
+  FollowEvent pause;
+  pause.base = 0x1000;
+  pause.size = 0x1000;
+  FollowEvent unfollowed;
+  unfollowed.unfollowed = true;
+  EXPECT_TRUE(opens.Log(exporter, pause));
+  EXPECT_TRUE(opens.Log(exporter, unfollowed));
+  bool overflowed = true;
+  const std::vector<FollowEvent> events = opens.End(id, &overflowed);
+  EXPECT_FALSE(overflowed);
+  EXPECT_TRUE(AnyUnfollowed(events));
+  EXPECT_FALSE(AnyUnfollowed({pause}));
+  std::vector<FetchedChunk> run = {{0, 0x1000, 0, 5, false, false, nullptr}};
+  ApplyFollowEvents({unfollowed}, &run);
+  EXPECT_FALSE(run[0].paused);
+  EXPECT_EQ(run[0].fd, 5);
+}
+
 TEST(ApplyFollowEvents, APauseOfTheGrantedGenerationLeavesNothingToMap) {
   std::vector<FetchedChunk> run = TwoChunks();
   ApplyFollowEvents({Pause(0x1000000 + kChunk, 6)}, &run);
