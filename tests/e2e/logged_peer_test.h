@@ -184,17 +184,20 @@ class LoggedPeerTest : public ::testing::Test {
   static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
 
   // A started and initialised peer with the given rank ("" = unranked),
-  // whose stderr (vmmipc's log lines) goes to a file that Log() reads.
+  // whose stderr (vmmipc's log lines) goes to a file that Log() reads; where
+  // `placement` puts it, with libvmmipc.so preloaded unless `preload` is false.
   std::unique_ptr<PeerProcess> Peer(const std::string& name, const std::string& rank,
-                                    std::map<std::string, std::string> env = {}) {
+                                    std::map<std::string, std::string> env = {},
+                                    const PeerPlacement& placement = {}, bool preload = true) {
     env.emplace("VMMIPC_RANK", rank.empty() ? kUnset : rank);
     // Unranked means no slot at all, also on a host whose GPU would give one.
     if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
     env.emplace("LOCAL_RANK", kUnset);
     env.emplace("RANK", kUnset);
-    auto peer = PeerProcess::Start(env);
+    std::string why;
+    auto peer = PeerProcess::Start(env, preload, placement, &why);
     if (peer == nullptr) {
-      ADD_FAILURE() << "cannot start " << name;
+      ADD_FAILURE() << "cannot start " << name << ": " << why;
       return nullptr;
     }
     const std::string path = (std::filesystem::temp_directory_path() /
