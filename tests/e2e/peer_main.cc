@@ -14,7 +14,9 @@
 // (FaultCommand).
 // The follow tests (follow_test.cc) pause and resume a VMM buffer the way
 // torch_memory_saver does (pause, resume), and replay a graph captured before
-// (graph_capture, graph_launch; real driver only).
+// (graph_capture, graph_launch; real driver only); the follow-holder tests
+// (follow_holders_test.cc) watch an exporter without the library, to see
+// every event it sends (raw_watch, raw_events: raw_follower.h).
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>
@@ -42,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "raw_follower.h"
 #include "sim_introspect.h"
 #include "state/handle_codec.h"
 
@@ -1107,6 +1110,7 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
   if (cmd == "peer_bandwidth")  // size iterations: cuMemcpyPeer device 1 -> device 0
     return PeerBandwidth(Num(a.at(1)), std::stoi(a.at(2)));
   if (std::string reply; FaultCommand(a, fns, &reply)) return reply;
+  if (std::string reply; vmmipc::testing::RawFollowerCommand(a, &reply)) return reply;
   return "err unknown command " + cmd;
 }
 

@@ -1,0 +1,177 @@
+// vmmipc_peer's raw follower (raw_follower.h).
+#include "raw_follower.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/scoped_fd.h"
+#include "state/handle_codec.h"
+#include "transport/fd_channel.h"
+#include "transport/peer_client.h"
+#include "transport/wire.h"
+
+namespace vmmipc::testing {
+namespace {
+
+namespace wire = transport::wire;
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+const char* KindName(wire::EventKind kind) {
+  switch (kind) {
+    case wire::EventKind::kPause:
+      return "pause";
+    case wire::EventKind::kResume:
+      return "resume";
+    case wire::EventKind::kUnfollowed:
+      return "unfollowed";
+  }
+  return "unknown";
+}
+
+int TimeoutMs() {
+  const char* value = std::getenv("VMMIPC_TIMEOUT_MS");
+  return value != nullptr ? std::atoi(value) : 5000;
+}
+
+class RawFollower {
+ public:
+  ~RawFollower() {
+    if (!reader_.joinable()) return;
+    const uint64_t one = 1;
+    (void)!write(stop_.get(), &one, sizeof(one));
+    reader_.join();
+  }
+
+  std::string Watch(const std::string& hex, uint32_t follower) {
+    if (watch_.fd.valid()) return "err already watching";
+    unsigned char raw[state::kHandleSize];
+    if (hex.size() != 2 * state::kHandleSize) return "err bad hex";
+    for (size_t i = 0; i < state::kHandleSize; ++i)
+      raw[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+    state::Vmm2Handle h;
+    if (state::DecodeHandle(raw, &h) != state::DecodeStatus::kOk) return "err not a VMM2 handle";
+    const transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
+                                          h.chunk_size, h.region_base, h.generation, h.rank_slot};
+    const char* dir = std::getenv("VMMIPC_SOCKET_DIR");
+    transport::FetchResult fetched = transport::FetchChunks(
+        request, {dir != nullptr ? dir : "", TimeoutMs(), /*watch=*/true, follower});
+    if (fetched.status != transport::FetchStatus::kOk)
+      return std::string("err ") + transport::FetchStatusName(fetched.status) + ": " +
+             fetched.detail;
+    if (!fetched.watch.fd.valid()) return "err granted without a watch connection";
+    std::string answer = "ok " + std::to_string(fetched.chunks.size());
+    for (transport::ChunkGrant& chunk : fetched.chunks) {
+      answer += " " + Hex(chunk.address) + "+" + Hex(chunk.size);
+      granted_.push_back(std::move(chunk.fd));  // held, as an importer's mapping holds its memory
+    }
+    watch_ = std::move(fetched.watch);
+    stop_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stop_.valid()) return "err eventfd";
+    reader_ = std::thread([this] { Read(); });
+    return answer;
+  }
+
+  // Every event so far, oldest first: "kind:base:generation:fds", and
+  // "closed" once the exporter ended the connection.
+  std::string Events() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!watch_.fd.valid() && log_.empty()) return "err not watching";
+    if (!closed_ && !Drain()) closed_ = true;
+    std::string answer = "ok";
+    for (const std::string& event : log_) answer += " " + event;
+    return closed_ ? answer + " closed" : answer;
+  }
+
+ private:
+  void Read() {
+    for (;;) {
+      pollfd p[2] = {{watch_.fd.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+      if (poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (p[1].revents != 0) return;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_) return;
+      if (!Drain()) {
+        closed_ = true;
+        return;
+      }
+    }
+  }
+
+  // Takes every event queued now, logs it and acks it "done", under mutex_;
+  // false once the connection is over.
+  bool Drain() {
+    for (;;) {
+      std::vector<uint8_t> buffer(wire::kEventSize + 1);
+      transport::ReceivedMessage message;
+      const transport::IoResult io = transport::ReceiveMessage(watch_.fd.get(), buffer, &message,
+                                                               transport::Deadline::AfterMs(0));
+      if (io.status == transport::IoStatus::kTimeout) return true;  // nothing queued
+      if (!io.ok()) return false;
+      wire::Event event;
+      const wire::WireError parsed =
+          message.truncated
+              ? wire::WireError::kBadLength
+              : wire::ParseEvent({buffer.data(), message.length}, watch_.nonce, watch_.key, &event);
+      if (parsed != wire::WireError::kOk) {
+        log_.push_back(std::string("invalid:") + wire::WireErrorName(parsed));
+        return false;
+      }
+      log_.push_back(std::string(KindName(event.kind)) + ":" + Hex(event.base) + ":" +
+                     std::to_string(event.generation) + ":" + std::to_string(message.fds.size()));
+      wire::Ack ack;
+      ack.sequence = event.sequence;
+      ack.status = wire::AckStatus::kDone;
+      const auto bytes = wire::EncodeAck(ack, watch_.nonce, watch_.key);
+      if (!transport::SendMessage(watch_.fd.get(), bytes, {},
+                                  transport::Deadline::AfterMs(TimeoutMs()))
+               .ok())
+        return false;
+    }
+  }
+
+  transport::WatchConnection watch_;
+  std::vector<ScopedFd> granted_;
+  ScopedFd stop_;
+  std::mutex mutex_;
+  std::vector<std::string> log_;  // under mutex_
+  bool closed_ = false;           // under mutex_
+  std::thread reader_;
+};
+
+RawFollower& Follower() {
+  static RawFollower follower;
+  return follower;
+}
+
+}  // namespace
+
+bool RawFollowerCommand(const std::vector<std::string>& a, std::string* reply) {
+  if (a[0] == "raw_watch") {  // hex follower
+    *reply = Follower().Watch(a.at(1), static_cast<uint32_t>(std::stoul(a.at(2), nullptr, 0)));
+  } else if (a[0] == "raw_events") {
+    *reply = Follower().Events();
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace vmmipc::testing
