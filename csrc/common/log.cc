@@ -1,7 +1,8 @@
 // spdlog behind a small facade. The logger is created on first use (never at
 // load time), writes to stderr or to the file of SetFile (VMMIPC_LOG_FILE,
-// opened by the first line written), and is intentionally never destroyed so
-// that logging from other libraries' static destructors at exit stays safe.
+// opened by the first line written, without waiting, and used only when it is
+// this user's own regular file), and is intentionally never destroyed so that
+// logging from other libraries' static destructors at exit stays safe.
 #include "common/log.h"
 
 #include <fcntl.h>
@@ -9,6 +10,7 @@
 #include <spdlog/logger.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,7 +108,59 @@ std::string HostName() {
   return name;
 }
 
-// Opens the log file (under g_create_mutex); -1 and `why` when it cannot.
+// "a FIFO", "a directory", ...: what a log file name turned out to be.
+const char* KindName(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "a special file";
+}
+
+// Why the file `st` describes (found at `path`) must not take this process's
+// lines; empty when it may. Only a regular file of our own euid that neither
+// group nor others can write: in a directory others can write, anything else
+// may be theirs to read or to block on (a FIFO), or a way to append to a
+// victim's file (a symbolic link, a file of theirs we are allowed to write).
+std::string Refusal(const struct stat& st, const std::string& path) {
+  const unsigned mode = st.st_mode & 07777;
+  if (S_ISLNK(st.st_mode)) {
+    char target[PATH_MAX] = {};
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    return fmt::format("it is a symbolic link{}, and symbolic links are not followed",
+                       n > 0 ? fmt::format(" (to '{}')", std::string_view(target, n)) : "");
+  }
+  if (!S_ISREG(st.st_mode))
+    return fmt::format("it is {} (uid {}, mode {:04o}), not a regular file", KindName(st.st_mode),
+                       st.st_uid, mode);
+  if (st.st_uid != geteuid())
+    return fmt::format("it belongs to uid {}, not to this process's uid {} (mode {:04o})",
+                       st.st_uid, geteuid(), mode);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return fmt::format("it is writable by {} (mode {:04o})",
+                       (st.st_mode & S_IWGRP) == 0   ? "others"
+                       : (st.st_mode & S_IWOTH) == 0 ? "its group"
+                                                     : "its group and others",
+                       mode);
+  return {};
+}
+
+// Opens the log file; -1 and `why` when it cannot, or must not, be used.
+//
+// Runs under g_create_mutex and under whatever lock the caller of the first
+// line holds: config::Get()'s once flag (and core::Active's static guard)
+// for a configuration warning, the process state's creation mutex for the
+// "config:" line at info, an open's placement lock for a failed map. So it
+// must never wait: O_NONBLOCK makes the open of a FIFO without a reader fail
+// at once (ENXIO) rather than wait for one, and that of a file under another
+// process's lease fail (EWOULDBLOCK) rather than wait for the lease to break;
+// O_NOFOLLOW makes a symbolic link fail (ELOOP) rather than lead elsewhere.
+// What was opened is then checked on the fd (Refusal), never by name again,
+// so no rename in between can swap it; a FIFO that has a reader is refused
+// there, and no later write can wait on a reader either.
 int OpenLogFile(std::string* why) {
   if (g_file_pattern_too_long) {
     *why = fmt::format(
@@ -115,19 +169,49 @@ int OpenLogFile(std::string* why) {
     return -1;
   }
   const std::string path = ExpandFileName(g_file_pattern, HostName(), getpid());
+  const std::string shown = path == g_file_pattern
+                                ? fmt::format("'{}'", path)
+                                : fmt::format("'{}' (from '{}')", path, g_file_pattern);
   // 0600: the lines describe this user's processes (pids, addresses, peers,
   // failures), and vmmipc shares memory with the same user only; others have
   // no need to read them. The umask can only take bits away.
   int fd;
   do {
-    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                0600);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
-    const std::string shown = path == g_file_pattern
-                                  ? fmt::format("'{}'", path)
-                                  : fmt::format("'{}' (from '{}')", path, g_file_pattern);
-    *why = fmt::format("cannot open VMMIPC_LOG_FILE {}: {}; logging to stderr", shown,
-                       std::strerror(errno));
+    const int error = errno;
+    // Say what is there when that is why (ELOOP: a symbolic link; ENXIO: a
+    // FIFO nobody reads; EISDIR: a directory), else the error. lstat only
+    // words the line: nothing is opened after it.
+    struct stat st = {};
+    std::string refusal;
+    if (::lstat(path.c_str(), &st) == 0) refusal = Refusal(st, path);
+    if (refusal.empty())
+      *why = fmt::format("cannot open VMMIPC_LOG_FILE {}: {}; logging to stderr", shown,
+                         std::strerror(error));
+    else
+      *why = fmt::format("cannot use VMMIPC_LOG_FILE {}: {} (open: {}); logging to stderr", shown,
+                         refusal, std::strerror(error));
+    return -1;
+  }
+  struct stat st = {};
+  std::string refusal = ::fstat(fd, &st) == 0
+                            ? Refusal(st, path)
+                            : fmt::format("fstat failed: {}", std::strerror(errno));
+  if (refusal.empty()) {
+    // Blocking writes from here on, as without O_NONBLOCK: Linux ignores the
+    // flag for regular files today, but it belongs to the open file, which a
+    // forked child shares, and a write must never return EAGAIN half done.
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      refusal = fmt::format("fcntl failed: {}", std::strerror(errno));
+  }
+  if (!refusal.empty()) {
+    ::close(fd);
+    *why = fmt::format("cannot use VMMIPC_LOG_FILE {}: {}; logging to stderr", shown, refusal);
+    return -1;
   }
   return fd;
 }

@@ -25,12 +25,19 @@ Level GetLevel();
 // from the GPU); negative means "no rank".
 void SetRank(int rank, bool from_gpu = false);
 inline bool Enabled(Level level) { return static_cast<int>(level) >= static_cast<int>(GetLevel()); }
+// One line, one write(2), made under the sink's mutex (spdlog's), to stderr or
+// to a regular file (never a FIFO, SetFile): a line never waits for a reader,
+// so a caller may log while it holds its own locks.
 void Write(Level level, std::string_view message) noexcept;
 // Where lines go from the next one on: the file `pattern` names ("%h" the
 // host name, "%p" the pid, "%%" a percent sign; VMMIPC_LOG_FILE), or stderr
 // when it is empty. The file is opened with the first line written after this
-// call, never here: O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC, mode 0600. If it
-// cannot be opened, lines go to stderr, after one warning there that says why.
+// call, never here, and never waits (O_NONBLOCK): O_WRONLY|O_APPEND|O_CREAT|
+// O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC, mode 0600. It is used only if the opened
+// fd is a regular file of this process's euid that neither group nor others
+// can write (then O_NONBLOCK is cleared). If it cannot be opened or used
+// (a symbolic link, a FIFO, another user's file, one others can write, ...),
+// lines go to stderr, after one warning there that says why.
 void SetFile(std::string_view pattern) noexcept;
 // The file name `pattern` stands for in process `pid` on host `host`.
 std::string ExpandFileName(std::string_view pattern, std::string_view host, long pid);

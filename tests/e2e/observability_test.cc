@@ -1,9 +1,11 @@
 // What a user sees of vmmipc in real processes (issue 16): log lines in
 // VMMIPC_LOG_FILE (per pid with %p, a forked child in its own file), the
-// fallback to stderr when the file cannot be opened, the effective
-// configuration printed once, configuration warnings tagged with the rank,
-// sizes in human units, and a VMMIPC_STATS report without empty sections.
+// fallback to stderr when the file cannot be opened or used (a FIFO), the
+// effective configuration printed once, configuration warnings tagged with
+// the rank, sizes in human units, and a VMMIPC_STATS report without empty
+// sections.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -127,6 +129,28 @@ TEST_F(Observability, ALogFileThatCannotBeOpenedFallsBackToStderrWithOneWarning)
   EXPECT_EQ(Count(err, "cannot open VMMIPC_LOG_FILE"), 1u) << err;
   EXPECT_NE(err.find("info: config: "), std::string::npos) << err;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/no-such-dir"));
+}
+
+// Issue 26: a FIFO planted at the log file's name hung the process at its
+// first log line (the open waited for a reader, holding the process state's
+// creation lock). Now it is refused at once: the exporter exports, and its
+// lines, after one warning, are on stderr.
+TEST_F(Observability, AFifoAtTheLogFileNameIsRefusedWithoutWaiting) {
+  const std::string fifo = dir_ + "/vmmipc.log";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto exporter = Peer("exporter", "0", {{"VMMIPC_LOG_FILE", fifo}, {"VMMIPC_LOG_LEVEL", "info"}});
+  ASSERT_NE(exporter, nullptr);
+  EXPECT_EQ(Export(*exporter, "a").size(), 128u);
+  const std::string pid = Value(exporter->Call("pid"));
+  const std::string err = Read(Stderr("exporter"));
+  EXPECT_NE(err.find("[vmmipc pid " + pid + " rank 0] warning: cannot use VMMIPC_LOG_FILE '" +
+                     fifo + "': it is a FIFO (uid " + std::to_string(geteuid()) +
+                     ", mode 0600), not a regular file (open: No such device or address); "
+                     "logging to stderr\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(Count(err, "VMMIPC_LOG_FILE '"), 1u) << err;
+  EXPECT_NE(err.find("info: config: "), std::string::npos) << err;
 }
 
 // With %p the forked child's lines go to its own file; the parent's file has none of them.

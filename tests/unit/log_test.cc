@@ -1,16 +1,20 @@
 // The log: VMMIPC_LOG_FILE's name expansion, lines in the file and not on
-// stderr, the fallback to stderr with one warning, a forked child's own file,
-// and the byte-count formatter of log lines.
+// stderr, the fallback to stderr with one warning (also for what must not be
+// written: a FIFO, a symbolic link, another user's file, one others can
+// write), a forked child's own file, and the byte-count formatter of log
+// lines.
 #include "common/log.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -68,8 +72,87 @@ class LogFileTest : public ::testing::Test {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
     return child;
   }
+  // Runs `body` in a forked child whose stderr goes to a file; returns what
+  // the child wrote there. The wait is bounded, on the child's end of a pipe
+  // (closed when it exits), not a sleep: a child still running after 10 s
+  // (a log line stuck in the file's open) is killed, and the test fails.
+  template <typename Body>
+  std::string StderrOfChild(Body body) {
+    const std::string err_path = dir_ + "/child.stderr";
+    int done[2];
+    if (pipe2(done, O_CLOEXEC) != 0) {
+      ADD_FAILURE() << "pipe2 failed";
+      return "";
+    }
+    const pid_t child = fork();
+    if (child == 0) {
+      close(done[0]);
+      const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (err < 0 || dup2(err, STDERR_FILENO) != STDERR_FILENO) _exit(2);
+      body();
+      _exit(0);  // closes done[1]: the parent's poll returns
+    }
+    close(done[1]);
+    if (child < 0) {
+      close(done[0]);
+      ADD_FAILURE() << "fork failed";
+      return "";
+    }
+    pollfd end = {done[0], POLLIN, 0};
+    int ready;
+    do {
+      ready = poll(&end, 1, 10000);
+    } while (ready < 0 && errno == EINTR);
+    close(done[0]);
+    if (ready == 0) {
+      kill(child, SIGKILL);
+      ADD_FAILURE() << "the child's log lines did not return within 10 s (blocked opening "
+                       "VMMIPC_LOG_FILE?)";
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    if (ready > 0) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    }
+    return Read(err_path);
+  }
+  // In a child: VMMIPC_LOG_FILE names `path`, two lines are logged; returns
+  // the child's stderr, which must hold the one warning and both lines.
+  std::string LogTwoLinesTo(const std::string& path) {
+    const std::string err = StderrOfChild([&] {
+      SetFile(path);
+      VMMIPC_LOG_WARN("first line");
+      VMMIPC_LOG_WARN("second line");
+    });
+    EXPECT_EQ(Count(err, "VMMIPC_LOG_FILE"), 1u) << err;
+    EXPECT_THAT(err, HasSubstr("] warning: first line\n"));
+    EXPECT_THAT(err, HasSubstr("] warning: second line\n"));
+    EXPECT_LT(err.find("VMMIPC_LOG_FILE"), err.find("first line")) << err;
+    return err;
+  }
   std::string dir_;
 };
+
+// A file of this test's own, empty, with `mode` (not masked by the umask).
+void MakeFile(const std::string& path, mode_t mode) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << path;
+  EXPECT_EQ(fchmod(fd, mode), 0);
+  close(fd);
+}
+
+uintmax_t SizeOf(const std::string& path) { return std::filesystem::file_size(path); }
+
+// The warning that VMMIPC_LOG_FILE `path` is not used, because `why`.
+std::string Refused(const std::string& path, const std::string& why) {
+  return "] warning: cannot use VMMIPC_LOG_FILE '" + path + "': " + why + "; logging to stderr\n";
+}
+
+// `why` for something of ours at the name that is not a regular file.
+std::string NotARegularFile(const std::string& kind, const std::string& mode) {
+  return "it is " + kind + " (uid " + std::to_string(geteuid()) + ", mode " + mode +
+         "), not a regular file";
+}
 
 TEST(LogFileName, HostAndPidAreExpanded) {
   EXPECT_EQ(ExpandFileName("/tmp/vmmipc.%h.%p.log", "node7", 4242), "/tmp/vmmipc.node7.4242.log");
@@ -126,6 +209,8 @@ TEST_F(LogFileTest, LinesGoToTheFileNotToStderr) {
     found = true;
     const int fd = std::stoi(entry.path().filename().string());
     EXPECT_TRUE(fcntl(fd, F_GETFD) & FD_CLOEXEC) << "fd " << fd;
+    // Opened with O_NONBLOCK (so that the open cannot wait), then cleared.
+    EXPECT_FALSE(fcntl(fd, F_GETFL) & O_NONBLOCK) << "fd " << fd;
   }
   EXPECT_TRUE(found);
   // Appended, never truncated: lines written before survive a later open.
@@ -164,12 +249,100 @@ TEST_F(LogFileTest, AFileThatCannotBeOpenedFallsBackToStderrWithOneWarning) {
 }
 
 TEST_F(LogFileTest, ADirectoryIsNotALogFile) {
-  SetFile(dir_);
-  ::testing::internal::CaptureStderr();
-  VMMIPC_LOG_WARN("still logged");
-  const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_THAT(err, HasSubstr("cannot open VMMIPC_LOG_FILE '" + dir_ + "': Is a directory"));
-  EXPECT_THAT(err, HasSubstr("still logged"));
+  const std::string sub = dir_ + "/sub";
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  const std::string err = LogTwoLinesTo(sub);
+  EXPECT_THAT(err, HasSubstr(Refused(
+                       sub, NotARegularFile("a directory", "0700") + " (open: Is a directory)")));
+}
+
+// Issue 26: a FIFO planted at the name (in a directory others can write)
+// made the first log line wait for a reader for ever, holding the logger's
+// mutex and whatever lock its caller held. With nobody reading, the open
+// fails at once (O_NONBLOCK: ENXIO).
+TEST_F(LogFileTest, AFifoWithoutAReaderIsRefusedWithoutWaiting) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string err = LogTwoLinesTo(fifo);
+  EXPECT_THAT(err, HasSubstr(Refused(fifo, NotARegularFile("a FIFO", "0600") +
+                                               " (open: No such device or address)")));
+}
+
+// With a reader the open succeeds; what it opened is refused on the fd, and
+// the reader gets nothing.
+TEST_F(LogFileTest, AFifoWithAReaderIsRefusedAndGetsNothing) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  const std::string err = LogTwoLinesTo(fifo);
+  EXPECT_THAT(err, HasSubstr(Refused(fifo, NotARegularFile("a FIFO", "0600"))));
+  char byte = 0;
+  EXPECT_LE(read(reader, &byte, 1), 0) << "the FIFO's reader got log lines";
+  close(reader);
+}
+
+// A symbolic link at the name (to a victim's file, or to where one would be
+// created) is not followed: O_NOFOLLOW fails with ELOOP, said plainly.
+TEST_F(LogFileTest, ASymbolicLinkIsNotFollowed) {
+  const std::string victim = dir_ + "/victim";
+  MakeFile(victim, 0600);
+  const std::string link = dir_ + "/link";
+  ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0);
+  const std::string err = LogTwoLinesTo(link);
+  EXPECT_THAT(err, HasSubstr(Refused(link, "it is a symbolic link (to '" + victim +
+                                               "'), and symbolic links are not followed (open: "
+                                               "Too many levels of symbolic links)")));
+  EXPECT_EQ(SizeOf(victim), 0u);
+  // A dangling link does not create its target either.
+  const std::string dangling = dir_ + "/dangling";
+  ASSERT_EQ(symlink((dir_ + "/created").c_str(), dangling.c_str()), 0);
+  EXPECT_THAT(LogTwoLinesTo(dangling), HasSubstr("it is a symbolic link"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/created"));
+}
+
+// A file another user owns (and lets us write, or we are root): theirs to
+// read, so not ours to write to.
+TEST_F(LogFileTest, AnotherUsersFileIsNotWritten) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another uid";
+  const std::string theirs = dir_ + "/theirs";
+  MakeFile(theirs, 0600);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  const std::string err = LogTwoLinesTo(theirs);
+  EXPECT_THAT(
+      err, HasSubstr(Refused(theirs,
+                             "it belongs to uid 65534, not to this process's uid 0 (mode 0600)")));
+  EXPECT_EQ(SizeOf(theirs), 0u);
+}
+
+// A file of ours that others (or the group) can write: they could add lines
+// to it or change them, so it gets none.
+TEST_F(LogFileTest, AFileOthersCanWriteIsNotWritten) {
+  const struct {
+    mode_t mode;
+    const char* said;
+  } kCases[] = {{0666, "it is writable by its group and others (mode 0666)"},
+                {0620, "it is writable by its group (mode 0620)"},
+                {0602, "it is writable by others (mode 0602)"}};
+  for (const auto& c : kCases) {
+    const std::string path = dir_ + "/open-" + std::to_string(c.mode);
+    MakeFile(path, c.mode);
+    const std::string err = LogTwoLinesTo(path);
+    EXPECT_THAT(err, HasSubstr(Refused(path, c.said)));
+    EXPECT_EQ(SizeOf(path), 0u);
+  }
+}
+
+// Our own file, not writable by others (0644 left by an older run, say): used.
+TEST_F(LogFileTest, AnExistingFileOfOursIsAppendedTo) {
+  const std::string path = dir_ + "/ours.log";
+  MakeFile(path, 0644);
+  EXPECT_EQ(StderrOfChild([&] {
+              SetFile(path);
+              VMMIPC_LOG_WARN("into the file");
+            }),
+            "");
+  EXPECT_THAT(Read(path), HasSubstr("] warning: into the file\n"));
 }
 
 TEST_F(LogFileTest, ANameLongerThanAPathIsRefusedClearly) {
