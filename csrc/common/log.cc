@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/log_limit.h"
 #include "common/parked.h"
 
 namespace vmmipc::log {
@@ -353,6 +354,7 @@ std::string ExpandFileName(std::string_view pattern, std::string_view host, long
 }
 
 void ResetAfterFork() noexcept {
+  ResetLineLimitsAfterFork();
   // The old logger (and its possibly locked mutex) is leaked, not destroyed.
   Park(g_logger.load(std::memory_order_relaxed));
   new (&g_create_mutex) std::mutex();

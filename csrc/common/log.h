@@ -44,6 +44,7 @@ std::string ExpandFileName(std::string_view pattern, std::string_view host, long
 // Called in a forked child: the parent's sink mutex may be held by a thread
 // that does not exist in the child, so the logger is rebuilt. A file whose
 // name holds "%p" is the parent's: the child opens its own with its next line.
+// The child's rate limits (common/log_limit.h) count afresh.
 void ResetAfterFork() noexcept;
 
 // A byte count for people: whole binary units when exact ("4 MiB", "1 TiB"),

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "config/params.h"
 #include "core/exported_fds.h"
 #include "core/placement.h"
@@ -262,11 +263,13 @@ void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
                                                     static_cast<int>(config::Get().timeout_ms));
   };
   std::string error;
+  // An open of each exporter not followed yet asks again: rate-limited.
+  static log::LineLimit lines;
   if (!state.importer.AddWatch(Tag(pid, instance), std::move(connection), make, &error))
-    VMMIPC_LOG_WARN(
-        "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
-        "followed here",
-        pid, error);
+    log::LogLimited(lines, log::Level::kWarn, "follow", "failures to follow an exporter",
+                    "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
+                    "followed here",
+                    pid, error);
 }
 
 }  // namespace vmmipc::core

@@ -8,6 +8,7 @@
 
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "config/params.h"
 #include "core/follow.h"
 #include "core/ipc.h"
@@ -22,6 +23,19 @@
 
 namespace vmmipc::core {
 namespace {
+
+// The open's warnings, one or two per call, are rate-limited: an
+// application may retry a failing open in a loop (455,000 lines in 8 s
+// before), or open and close in one (best-effort placement lines). What the
+// open returns does not change; VMMIPC_STATS counts every failure by cause.
+log::LineLimit g_open_lines;
+log::LineLimit g_placement_lines;
+
+template <typename... Args>
+void OpenWarning(log::Level level, fmt::format_string<Args...> format, Args&&... args) {
+  log::LogLimited(g_open_lines, level, "cuIpcOpenMemHandle", "warnings", format,
+                  std::forward<Args>(args)...);
+}
 
 CUresult ForwardOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
                      bool v2) {
@@ -80,10 +94,10 @@ CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Ha
   stats::CountFetchFailure(fetched.status);
   const CUresult code = CodeForFetch(fetched);
   if (code == CUDA_SUCCESS) return code;
-  VMMIPC_LOG_WARN(
-      "cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid, h.address,
-      fetched.detail.empty() ? transport::FetchStatusName(fetched.status) : fetched.detail,
-      driver::ErrorName(code));
+  OpenWarning(log::Level::kWarn, "cuIpcOpenMemHandle(pid {}, 0x{:x}): {}; returning {}", h.pid,
+              h.address,
+              fetched.detail.empty() ? transport::FetchStatusName(fetched.status) : fetched.detail,
+              driver::ErrorName(code));
   return code;
 }
 
@@ -177,12 +191,13 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
     VMMIPC_LOG_DEBUG("placing {} from pid {} best-effort: {}", log::Bytes(run_size), h.pid,
                      why_not);
   else if (h.rank_slot == state::kUnranked)
-    VMMIPC_LOG_INFO("placing {} from pid {} best-effort: {}", log::Bytes(run_size), h.pid, why_not);
+    log::LogLimited(g_placement_lines, log::Level::kInfo, "placement", "best-effort placements",
+                    "placing {} from pid {} best-effort: {}", log::Bytes(run_size), h.pid, why_not);
   else
-    VMMIPC_LOG_WARN(
-        "placing {} from pid {} (rank {}) best-effort, not at a "
-        "deterministic address: {}",
-        log::Bytes(run_size), h.pid, h.rank_slot, why_not);
+    log::LogLimited(g_placement_lines, log::Level::kWarn, "placement", "best-effort placements",
+                    "placing {} from pid {} (rank {}) best-effort, not at a "
+                    "deterministic address: {}",
+                    log::Bytes(run_size), h.pid, h.rank_slot, why_not);
   stats::Count(stats::Counter::kPlacementsBestEffort);
   VMMIPC_RETURN_IF_ERROR(ReserveAnywhere(run_size, &placement->private_reservation));
   placement->private_size = run_size;
@@ -248,7 +263,8 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
     if (run[i].paused) stats::Count(stats::Counter::kFollowPauses);
     if (run[i].refused) {
       stats::Count(stats::Counter::kFollowResumeRefused);
-      VMMIPC_LOG_WARN(
+      OpenWarning(
+          log::Level::kWarn,
           "follow: pid {} resumed 0x{:x} with other memory while it was being opened here; not "
           "mapped: the range stays unmapped until it is closed",
           h.pid, run[i].address);
@@ -323,34 +339,35 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
       return ForwardOpen(pointer, raw, flags, v2);
     case state::DecodeStatus::kUnknownVersion:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
-      VMMIPC_LOG_ERROR(
-          "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
-          "vmmipc (knows version {}); use the same vmmipc in every process",
-          state::HandleVersion(bytes), state::kHandleVersion);
+      OpenWarning(log::Level::kError,
+                  "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
+                  "vmmipc (knows version {}); use the same vmmipc in every process",
+                  state::HandleVersion(bytes), state::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
     case state::DecodeStatus::kMalformed:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
-      VMMIPC_LOG_WARN("cuIpcOpenMemHandle: malformed VMM2 handle (fields contradict)");
+      OpenWarning(log::Level::kWarn,
+                  "cuIpcOpenMemHandle: malformed VMM2 handle (fields contradict)");
       return CUDA_ERROR_INVALID_VALUE;
   }
   if (pointer == nullptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
     stats::Count(stats::Counter::kOpenFailedInvalid);
   if (pointer == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
-    VMMIPC_LOG_WARN(
-        "cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
-        "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS",
-        flags);
+    OpenWarning(log::Level::kWarn,
+                "cuIpcOpenMemHandle: flags 0x{:x} refused; the driver only takes "
+                "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS",
+                flags);
     return CUDA_ERROR_INVALID_VALUE;
   }
   ProcessState& state = State();
   if (h.pid == state.pid && h.instance == state.instance) {
-    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: the handle was exported by this process");
+    OpenWarning(log::Level::kWarn, "cuIpcOpenMemHandle: the handle was exported by this process");
     return CUDA_ERROR_INVALID_CONTEXT;
   }
   CUdevice device = 0;
   if (VMMIPC_REAL(CtxGetDevice, &device) != CUDA_SUCCESS) {
-    VMMIPC_LOG_WARN("cuIpcOpenMemHandle: no current CUDA context");
+    OpenWarning(log::Level::kWarn, "cuIpcOpenMemHandle: no current CUDA context");
     return CUDA_ERROR_INVALID_CONTEXT;
   }
 
@@ -374,10 +391,10 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   stats::Count(stats::Counter::kFdsReceived, fetched.chunks.size());
   if (!RunIsConsistent(fetched.chunks, h)) {
     stats::Count(stats::Counter::kOpenFailedProtocol);
-    VMMIPC_LOG_WARN(
-        "cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
-        "match the handle (chunk 0x{:x}+0x{:x})",
-        h.pid, h.chunk_base, h.chunk_size);
+    OpenWarning(log::Level::kWarn,
+                "cuIpcOpenMemHandle: exporter pid {} answered with a run that does not "
+                "match the handle (chunk 0x{:x}+0x{:x})",
+                h.pid, h.chunk_base, h.chunk_size);
     return CUDA_ERROR_MAP_FAILED;
   }
   const int64_t fetch_us = MicrosSince(fetch_start);
@@ -391,7 +408,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   std::vector<state::FollowEvent> missed;
   if (!followed.TakeMissed(&missed)) {
     stats::Count(stats::Counter::kOpenFailedMap);
-    VMMIPC_LOG_WARN(
+    OpenWarning(
+        log::Level::kWarn,
         "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter paused and resumed its memory more "
         "than {} times while it was opened; try again",
         h.pid, h.address, state::InFlightOpens::kMaxEvents);
@@ -444,7 +462,8 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   });
   if (other_run) {
     stats::Count(stats::Counter::kOpenFailedMap);
-    VMMIPC_LOG_WARN(
+    OpenWarning(
+        log::Level::kWarn,
         "cuIpcOpenMemHandle(pid {}, 0x{:x}): an open of another run of the exporter already "
         "returned that pointer; close it first",
         h.pid, h.address);

@@ -4,11 +4,22 @@
 #include <initializer_list>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "config/params.h"
 #include "core/real.h"
 
 namespace vmmipc::core {
 namespace {
+
+// The lines of failed driver calls on imported memory: opens and closes
+// that an application repeats at will make them (common/log_limit.h).
+log::LineLimit g_mapping_lines;
+
+template <typename... Args>
+void MappingFailed(fmt::format_string<Args...> format, Args&&... args) {
+  log::LogLimited(g_mapping_lines, log::Level::kWarn, "imported memory", "failed driver calls",
+                  format, std::forward<Args>(args)...);
+}
 
 // Tries one base. The address is only a hint to the driver (measured: an
 // occupied hint yields CUDA_SUCCESS elsewhere), so compare what came back.
@@ -62,8 +73,8 @@ CUresult ReserveAnywhere(uint64_t size, uint64_t* base) {
 void FreeReservation(uint64_t base, uint64_t size) {
   CUresult result = VMMIPC_REAL(MemAddressFree, base, size);
   if (result != CUDA_SUCCESS)
-    VMMIPC_LOG_WARN("cuMemAddressFree(0x{:x}, 0x{:x}) failed: {}", base, size,
-                    driver::ErrorName(result));
+    MappingFailed("cuMemAddressFree(0x{:x}, 0x{:x}) failed: {}", base, size,
+                  driver::ErrorName(result));
 }
 
 CUresult MapChunk(int fd, uint64_t target, uint64_t size) {
@@ -76,8 +87,8 @@ CUresult MapChunk(int fd, uint64_t target, uint64_t size) {
   // The mapping keeps the memory alive after the handle is released (measured).
   (void)VMMIPC_REAL(MemRelease, handle);
   if (result != CUDA_SUCCESS)
-    VMMIPC_LOG_WARN("cuMemMap(0x{:x}, 0x{:x}) of an imported chunk failed: {}", target, size,
-                    driver::ErrorName(result));
+    MappingFailed("cuMemMap(0x{:x}, 0x{:x}) of an imported chunk failed: {}", target, size,
+                  driver::ErrorName(result));
   return result;
 }
 
@@ -88,16 +99,15 @@ CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const CUresult result = VMMIPC_REAL(MemSetAccess, target, size, &access, 1);
   if (result != CUDA_SUCCESS)
-    VMMIPC_LOG_WARN("cuMemSetAccess(0x{:x}, 0x{:x}, device {}) failed: {}", target, size, device,
-                    driver::ErrorName(result));
+    MappingFailed("cuMemSetAccess(0x{:x}, 0x{:x}, device {}) failed: {}", target, size, device,
+                  driver::ErrorName(result));
   return result;
 }
 
 void UnmapChunk(uint64_t target, uint64_t size) {
   CUresult result = VMMIPC_REAL(MemUnmap, target, size);
   if (result != CUDA_SUCCESS)
-    VMMIPC_LOG_WARN("cuMemUnmap(0x{:x}, 0x{:x}) failed: {}", target, size,
-                    driver::ErrorName(result));
+    MappingFailed("cuMemUnmap(0x{:x}, 0x{:x}) failed: {}", target, size, driver::ErrorName(result));
 }
 
 }  // namespace vmmipc::core

@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "driver/real_driver.h"
 #include "driver/real_symbols.h"
 
@@ -33,13 +34,18 @@ using driver::RealDlvsym;
   (::vmmipc::core::Real().member != nullptr ? ::vmmipc::core::Real().member(__VA_ARGS__) \
                                             : ::vmmipc::driver::MissingEntryPoint(#member))
 
-// Logs one line naming the failed driver call and returns its CUresult.
-#define VMMIPC_CU_CHECK(member, ...)                                                       \
-  do {                                                                                     \
-    const CUresult vmmipc_cu_status_ = VMMIPC_REAL(member, __VA_ARGS__);                   \
-    if (vmmipc_cu_status_ != CUDA_SUCCESS) {                                               \
-      VMMIPC_LOG_WARN("{} failed: {} ({}:{})", #member,                                    \
-                      ::vmmipc::driver::ErrorName(vmmipc_cu_status_), __FILE__, __LINE__); \
-      return vmmipc_cu_status_;                                                            \
-    }                                                                                      \
+// Logs one line naming the failed driver call and returns its CUresult. The
+// line is rate-limited per call site (common/log_limit.h): a caller that
+// retries, say, an open whose import fails must not flood the log.
+#define VMMIPC_CU_CHECK(member, ...)                                                         \
+  do {                                                                                       \
+    const CUresult vmmipc_cu_status_ = VMMIPC_REAL(member, __VA_ARGS__);                     \
+    if (vmmipc_cu_status_ != CUDA_SUCCESS) {                                                 \
+      static ::vmmipc::log::LineLimit vmmipc_cu_lines_;                                      \
+      ::vmmipc::log::LogLimited(vmmipc_cu_lines_, ::vmmipc::log::Level::kWarn, "cu" #member, \
+                                "failures", "{} failed: {} ({}:{})", #member,                \
+                                ::vmmipc::driver::ErrorName(vmmipc_cu_status_), __FILE__,    \
+                                __LINE__);                                                   \
+      return vmmipc_cu_status_;                                                              \
+    }                                                                                        \
   } while (0)

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "config/params.h"
 #include "core/placement.h"
 #include "core/real.h"
@@ -151,7 +152,10 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
     if (unmapped != CUDA_SUCCESS) {
       // The old anchor stays where it is, and in the table; the new one goes.
       if (moved) (void)VMMIPC_REAL(MemUnmap, moved_to, anchor->size);
-      VMMIPC_LOG_WARN("zone anchors: cuMemUnmap(0x{:x}, 0x{:x}) of an anchor failed: {}",
+      // Each open that needs the spot tries again: rate-limited (log_limit.h).
+      static log::LineLimit lines;
+      log::LogLimited(lines, log::Level::kWarn, "zone anchors", "failed anchor unmaps",
+                      "zone anchors: cuMemUnmap(0x{:x}, 0x{:x}) of an anchor failed: {}",
                       anchor->address, anchor->size, driver::ErrorName(unmapped));
       return false;
     }

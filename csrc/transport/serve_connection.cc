@@ -9,11 +9,10 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <exception>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "common/syscall.h"
 
 namespace vmmipc::transport {
@@ -29,36 +28,15 @@ constexpr size_t kRequestBufferSize = 512;
 // at once unless something is very wrong.
 constexpr int kRefusalSendMs = 50;
 
-// Refusal and drop lines: at most kLinesPerWindow per window, then one
-// summary line with how many were left out.
-constexpr int64_t kWindowMs = 10000;
-constexpr uint32_t kLinesPerWindow = 20;
-std::atomic<int64_t> g_window_start_ms{0};
-std::atomic<uint32_t> g_lines_in_window{0};
-std::atomic<uint64_t> g_suppressed{0};
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// Refusal and drop lines: a flood of connections (another user's, say) must
+// not flood the host's log (common/log_limit.h).
+log::LineLimit g_refusal_lines;
 
 // True when this refusal or drop may be logged.
 bool MayLog(const std::string& name) {
-  const int64_t now = NowMs();
-  int64_t start = g_window_start_ms.load(std::memory_order_relaxed);
-  if (now - start >= kWindowMs &&
-      g_window_start_ms.compare_exchange_strong(start, now, std::memory_order_relaxed)) {
-    g_lines_in_window.store(0, std::memory_order_relaxed);
-    if (const uint64_t left_out = g_suppressed.exchange(0, std::memory_order_relaxed))
-      VMMIPC_LOG_WARN(
-          "listener {}: {} more refusals and dropped connections in the last {} s "
-          "were not logged",
-          name, left_out, kWindowMs / 1000);
-  }
-  if (g_lines_in_window.fetch_add(1, std::memory_order_relaxed) < kLinesPerWindow) return true;
-  g_suppressed.fetch_add(1, std::memory_order_relaxed);
-  return false;
+  return log::Enabled(log::Level::kWarn) &&
+         log::Admitted(g_refusal_lines, log::Level::kWarn, "listener " + name,
+                       "refusals and dropped connections");
 }
 
 void Dropped(const ServeContext& context) {

@@ -153,6 +153,39 @@ TEST_F(Observability, AFifoAtTheLogFileNameIsRefusedWithoutWaiting) {
   EXPECT_NE(err.find("info: config: "), std::string::npos) << err;
 }
 
+// Issue 26: an application that retried a failing open in a loop got one
+// warning per call (455,000 lines in 8 s). Now at most 20 per 10 s, one line
+// saying the rest are left out, and one with their count in the next window;
+// every open still returns the same error.
+TEST_F(Observability, ARetriedFailingOpenLogsABoundedNumberOfLines) {
+  auto exporter = Peer("exporter", "0", {});
+  ASSERT_NE(exporter, nullptr);
+  const std::string handle = Export(*exporter, "a");
+  const std::string exporter_pid = Value(exporter->Call("pid"));
+  exporter->Kill();  // nobody listens for the handle any more
+  auto importer = Peer("importer", "1",
+                       {{"VMMIPC_LOG_FILE", dir_ + "/importer.log"}, {"VMMIPC_LOG_LEVEL", "warn"}});
+  ASSERT_NE(importer, nullptr);
+  const std::string answer = importer->Call("open_repeat 10000 " + handle, 120000);
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_match(answer, m, std::regex("ok CUDA_ERROR_INVALID_HANDLE x10000 ms (\\d+)")))
+      << answer;
+  const long windows = 1 + std::stol(m[1]) / 10000;  // each 10 s may write 20 more
+  const std::string log = Read(dir_ + "/importer.log");
+  const std::string shown = log.substr(0, 4000);  // of a failure: not 10,000 lines
+  const size_t failures = Count(log, "] warning: cuIpcOpenMemHandle(pid " + exporter_pid);
+  EXPECT_GE(failures, 20u) << shown;
+  EXPECT_LE(failures, 20u * windows) << shown;
+  // Nothing else: the failures and the limit's own lines.
+  EXPECT_EQ(Count(log, "\n"), failures + Count(log, "cuIpcOpenMemHandle: ")) << shown;
+  EXPECT_NE(log.find("] warning: cuIpcOpenMemHandle: more than 20 warnings within 10 s; the rest "
+                     "are counted, not logged, until then\n"),
+            std::string::npos)
+      << shown;
+  EXPECT_LE(Count(log, "cuIpcOpenMemHandle: "), 2u * windows) << shown;
+}
+
 // With %p the forked child's lines go to its own file; the parent's file has none of them.
 TEST_F(Observability, AForkedChildLogsToItsOwnFile) {
   if (DriverUnderTest() != DriverKind::kSimulated)

@@ -1012,6 +1012,34 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
     CUresult r = fns->open(&p, h, flags);
     return r == CUDA_SUCCESS ? "ok " + Hex(p) : Err(r);
   }
+  if (cmd == "open_repeat") {  // n hex: n opens one after another, as an application's retries
+    CUipcMemHandle h = {};
+    const uint64_t n = Num(a.at(1));
+    if (!HexToHandle(a.at(2), &h)) return "err bad hex";
+    // "ok <result> x<count> ..." per distinct result, then "ms <elapsed>";
+    // a successful open is closed again before the next.
+    std::map<std::string, uint64_t> results;
+    const auto start = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < n; ++i) {
+      CUdeviceptr p = 0;
+      const CUresult r = fns->open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (r == CUDA_SUCCESS) fns->close(p);
+      const char* name = nullptr;
+      if (r == CUDA_SUCCESS)
+        ++results["ok"];
+      else if (cuGetErrorName(r, &name) == CUDA_SUCCESS && name != nullptr)
+        ++results[name];
+      else
+        ++results["error " + std::to_string(static_cast<int>(r))];
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    std::string reply = "ok";
+    for (const auto& [result, count] : results)
+      reply += " " + result + " x" + std::to_string(count);
+    return reply + " ms " + std::to_string(ms);
+  }
   if (cmd == "open_bg") {  // hex [name]: starts an open on another thread; open_bg_result joins it
     CUipcMemHandle h = {};
     if (!HexToHandle(a.at(1), &h)) return "err bad hex";
