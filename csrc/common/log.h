@@ -25,9 +25,9 @@ Level GetLevel();
 // from the GPU); negative means "no rank".
 void SetRank(int rank, bool from_gpu = false);
 inline bool Enabled(Level level) { return static_cast<int>(level) >= static_cast<int>(GetLevel()); }
-// One line, one write(2), made under the sink's mutex (spdlog's), to stderr or
-// to a regular file (never a FIFO, SetFile): a line never waits for a reader,
-// so a caller may log while it holds its own locks.
+// One line, one write(2), made under the sink's mutex (spdlog's), to a
+// regular file (never a FIFO: SetFile) or to the host's stderr: a line waits
+// for no reader of ours, so a caller may log while it holds its own locks.
 void Write(Level level, std::string_view message) noexcept;
 // Where lines go from the next one on: the file `pattern` names ("%h" the
 // host name, "%p" the pid, "%%" a percent sign; VMMIPC_LOG_FILE), or stderr
