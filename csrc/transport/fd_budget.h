@@ -1,0 +1,82 @@
+// FdBudget: how many descriptors the listener may spend on peers' connections,
+// so that no peer can take the host's last ones (issue 26). Every connection
+// the listener holds is an fd of the host process: one accepted and waiting
+// for its request, or kept as a watch connection. The caps below are a
+// fraction of the host's free fds (RLIMIT_NOFILE less the fds open, counted
+// in /proc/self/fd), measured when the listener starts, when accept() fails
+// for lack of fds, and again, at most once a second, when a class of
+// connections reaches its cap or an accepted fd's number shows that the host
+// opened more since. Used by the listener's poll thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vmmipc::transport {
+
+// The most of each class, whatever the headroom:
+// - our uid's connections waiting for their request: importers send theirs
+//   right after connecting, so many wait only in a burst of opens (every rank
+//   of a node at once), or when a process of our own uid holds them silent
+//   (it may also ptrace us: out of scope); what the listener allowed before.
+inline constexpr size_t kMaxOwnWaiting = 512;
+// - every other uid's together: such a peer is never one of our importers
+//   (socket names carry the uid) and is refused kWrongUser when its request
+//   comes, so a handful is enough for its refusal; a newcomer past that is
+//   closed at once, and no other user's connection ever displaces ours.
+inline constexpr size_t kMaxOthersWaiting = 32;
+// - any one other uid's, so that two other users cannot shut each other out.
+inline constexpr size_t kMaxPerOtherUid = 16;
+// - kept watch connections (follow): one per importer process that follows
+//   this exporter (one per follower id); 1024 is far more importer processes
+//   than any one node runs.
+inline constexpr size_t kMaxWatchConnections = 1024;
+
+// The caps now. Each class gets a share of the fds the host has free (those
+// it has not opened itself, the listener's own connections counted as free):
+// a quarter for our uid's waiting connections, a quarter for watch
+// connections, a sixteenth for other users'. All of them full at once leave
+// the host 7/16 of what it had free; never less than one of each, so that a
+// host at its limit is still served, one peer at a time.
+struct ConnectionCaps {
+  size_t own_waiting = kMaxOwnWaiting;
+  size_t others_waiting = kMaxOthersWaiting;
+  size_t per_other_uid = kMaxPerOtherUid;
+  size_t watchers = kMaxWatchConnections;
+};
+// For a process that may open `limit` fds and has `open` open, `held` of them
+// the listener's connections.
+ConnectionCaps CapsFor(size_t limit, size_t open, size_t held);
+
+// The fds open in this process (the entries of /proc/self/fd, less the one
+// that reads it); -1 when that cannot be read (no /proc, or no fd to spare).
+// No allocation.
+long CountOpenFds() noexcept;
+
+class FdBudget {
+ public:
+  // Measures now. `out_of_fds`: accept() just failed with EMFILE, so every fd
+  // the limit allows is open (and counting them would need one more).
+  void Measure(size_t held, bool out_of_fds) noexcept;
+  // Measures again, unless the last measurement is less than a second old;
+  // true when it did. For a class at its cap: the host may have closed fds
+  // since (after an EMFILE), or opened more.
+  bool Refresh(size_t held) noexcept;
+  // Whether `fd`, just accepted, says the host has more fds open than
+  // measured: the kernel gives the lowest free number, so every fd below it
+  // is open. Then Refresh.
+  bool Outgrown(int fd, size_t held) const noexcept;
+
+  const ConnectionCaps& caps() const noexcept { return caps_; }
+  size_t limit() const noexcept { return limit_; }
+  size_t free_fds() const noexcept { return free_; }  // at the last measurement, ours counted free
+
+ private:
+  ConnectionCaps caps_;
+  size_t limit_ = 0;
+  size_t host_open_ = 0;  // fds open at the last measurement, less the listener's
+  size_t free_ = 0;
+  int64_t measured_ms_ = 0;
+};
+
+}  // namespace vmmipc::transport
