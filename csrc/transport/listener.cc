@@ -142,8 +142,10 @@ void Listener::Impl::Run() noexcept {
       pfds.push_back({c.fd.get(), POLLIN, 0});
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
     }
-    // After the waiting connections (their indexes above stay): lagging
-    // followers, whose answers and room bring Maintain back at once.
+    // After the waiting connections (their indexes above stay): every watch
+    // connection, for its hang-up, and lagging followers, whose answers and
+    // room bring Maintain back at once.
+    const size_t watch_fds = pfds.size();
     if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
     const int n = ::poll(pfds.data(), pfds.size(), sleep_ms);
     if (n < 0 && errno != EINTR) {
@@ -151,9 +153,11 @@ void Listener::Impl::Run() noexcept {
       break;
     }
     if (pfds[0].revents != 0) break;
-    // Lagging followers that answer again get what they missed (watchers.h);
-    // at least once a poll period, without waiting on anyone.
-    if (context.watchers != nullptr) context.watchers->Maintain();
+    // Watch connections that hung up go; lagging followers that answer again
+    // get what they missed (watchers.h); at least once a poll period,
+    // without waiting on anyone.
+    if (context.watchers != nullptr)
+      context.watchers->Maintain(std::span<const pollfd>(pfds).subspan(watch_fds));
     // Requests first (their peers are waiting), then the deadlines, then new peers.
     std::vector<Connection> still_waiting;
     still_waiting.reserve(waiting.size());

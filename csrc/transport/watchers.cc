@@ -51,11 +51,17 @@ struct Watchers::Watcher {
 
 namespace {
 
+// What a watch connection whose importer hung up (or that is in error)
+// reports. Not "hung up and nothing to read": a Unix socket whose peer
+// closed polls readable too (its EOF), so that test never held for an
+// importer that exited. Nothing it left queued matters: it can no longer be
+// told anything.
+constexpr short kHangUp = POLLHUP | POLLERR | POLLRDHUP | POLLNVAL;
+
 // True when the peer hung up or the socket is in error: poll without waiting.
 bool HungUp(int fd) {
-  pollfd p{fd, POLLIN | POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) != 0 &&
-         (p.revents & POLLIN) == 0;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & kHangUp) != 0;
 }
 
 bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
@@ -88,7 +94,7 @@ Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const S
     }
   }
   activated_.notify_all();
-  if (list_.size() >= kMaxWatchers) return nullptr;
+  if (list_.size() >= max_watchers_.load(std::memory_order_relaxed)) return nullptr;
   list_.push_back(watcher);
   return watcher;
 }
@@ -281,17 +287,27 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
 }
 
 bool Watchers::PollFds(std::vector<pollfd>* fds) {
+  std::vector<std::shared_ptr<Watcher>> unpolled;  // let go of after the lock
   std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
-  if (!notifying.owns_lock()) return false;  // a Notify runs: it catches up whom it can
   std::lock_guard<ForkMutex> lock(list_mutex_);
+  unpolled.swap(polled_);
+  if (!notifying.owns_lock()) return false;  // a Notify runs: it catches up whom it can
   for (const auto& watcher : list_) {
-    if (!watcher->lagging || watcher->dead || watcher->state != Watcher::State::kActive) continue;
-    short events = POLLIN;  // its acks, when it runs again
-    if (Answered(*watcher) &&
-        (watcher->overflowed || std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
-                                            [](const auto& entry) { return !entry.second.stale; })))
-      events |= POLLOUT;  // room for more of its catch-up
+    if (watcher->dead || watcher->state != Watcher::State::kActive) continue;
+    // Only its hang-up, unless it lags: the late ack of an event whose wait
+    // timed out may sit unread until the next Notify, and would wake the
+    // thread at once, again and again.
+    short events = POLLRDHUP;
+    if (watcher->lagging) {
+      events |= POLLIN;  // its acks, when it runs again
+      if (Answered(*watcher) &&
+          (watcher->overflowed ||
+           std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
+                       [](const auto& entry) { return !entry.second.stale; })))
+        events |= POLLOUT;  // room for more of its catch-up
+    }
     fds->push_back({watcher->fd.get(), events, 0});
+    polled_.push_back(watcher);
   }
   return true;
 }
@@ -447,7 +463,16 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
   return result;
 }
 
-void Watchers::Maintain() {
+void Watchers::Maintain(std::span<const pollfd> polled) {
+  // Importers that exited (or broke their connection): dropped here, closed
+  // when polled_ lets go of them below (or when a Notify using one does).
+  std::vector<std::shared_ptr<Watcher>> watched;
+  {
+    std::lock_guard<ForkMutex> lock(list_mutex_);
+    watched.swap(polled_);
+  }
+  for (size_t i = 0; i < std::min(polled.size(), watched.size()); ++i)
+    if ((polled[i].revents & kHangUp) != 0) Drop(watched[i]);
   std::vector<std::shared_ptr<Watcher>> lagging;
   {
     std::lock_guard<ForkMutex> lock(list_mutex_);
@@ -478,6 +503,11 @@ void Watchers::AbandonAfterFork() noexcept {
   for (auto& watcher : list_)
     if (watcher->fd.valid()) ::close(watcher->fd.Release());
   list_.clear();
+  // Those the poll thread was polling: one dropped from the list meanwhile
+  // is still open here.
+  for (auto& watcher : polled_)
+    if (watcher->fd.valid()) ::close(watcher->fd.Release());
+  polled_.clear();
 }
 
 }  // namespace vmmipc::transport

@@ -39,10 +39,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
+#include "transport/fd_budget.h"
 #include "transport/fd_channel.h"
 #include "transport/siphash.h"
 #include "transport/wire.h"
@@ -74,9 +76,10 @@ using ResumeFdSource = std::function<ScopedFd(uint64_t base, uint64_t generation
 
 class Watchers {
  public:
-  // At most this many watch connections; past it a request's connection is
+  // At most this many watch connections (the listener lowers it to what the
+  // host's free fds allow: fd_budget.h); past it a request's connection is
   // closed after its reply as without the flag (its follower is not told).
-  static constexpr size_t kMaxWatchers = 4096;
+  void SetMaxWatchers(size_t max) { max_watchers_.store(max, std::memory_order_relaxed); }
   // A lagging follower's backlog holds one entry per chunk it holds; past
   // this many its catch-up is a kUnfollowed event (it unmaps what it holds
   // of this exporter, loudly) and its connection goes.
@@ -105,15 +108,20 @@ class Watchers {
   // Watchers that hung up, or answered out of protocol, are dropped.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms, int stop_fd);
 
-  // Lagging followers that have acked everything sent before they lagged
-  // get their catch-up events, as many as their connection takes now; those
-  // that hung up are dropped. Never waits: returns at once when a Notify
-  // runs. Cheap when none is lagging.
-  void Maintain();
-  // The listener's poll thread waits on these too: the connections of
-  // lagging followers (their acks; room for their catch-up), so that
-  // Maintain runs when one answers or takes more. False, adding nothing,
-  // when a Notify runs (the poll period brings the thread back).
+  // After the listener's poll: the watch connections whose importer hung up
+  // (`polled`: what PollFds added, with the poll's revents) are dropped, and
+  // closed; lagging followers that have acked everything sent before they
+  // lagged get their catch-up events, as many as their connection takes now;
+  // those that hung up are dropped. Never waits: the catch-up is left for
+  // later when a Notify runs. Cheap when none is lagging.
+  void Maintain(std::span<const pollfd> polled = {});
+  // The listener's poll thread waits on these too: every watch connection,
+  // for its hang-up (an importer that exits must not leave its connection
+  // here until some later request: nothing else would look), and those of
+  // lagging followers also for their acks and room for their catch-up, so
+  // that Maintain runs when one answers or takes more. False, adding
+  // nothing, when a Notify runs (the poll period brings the thread back).
+  // Only the poll thread calls it, then Maintain with what it added.
   bool PollFds(std::vector<pollfd>* fds);
 
   size_t count() const;
@@ -160,6 +168,12 @@ class Watchers {
   std::vector<std::shared_ptr<Watcher>> list_;
   ResumeFdSource resume_fd_;
   size_t max_backlog_ = kMaxBacklog;
+  std::atomic<size_t> max_watchers_{kMaxWatchConnections};
+  // The watchers PollFds added, in its order, until the Maintain after the
+  // poll: held, so that none of their fds is closed (and its number reused)
+  // while the poll thread waits on it. Guarded by list_mutex_ (a forked
+  // child closes its copies of these too).
+  std::vector<std::shared_ptr<Watcher>> polled_;
 };
 
 }  // namespace vmmipc::transport

@@ -118,7 +118,8 @@ extern "C" ssize_t __wrap_write(int fd, const void* buffer, size_t size) {
 
 extern "C" int __wrap_poll(pollfd* fds, nfds_t count, int timeout) {
   bool armed = true;
-  if (count == 1 && timeout == 0 && fds[0].events == (POLLIN | POLLRDHUP) &&
+  // The watch list's look for hung-up importers: one fd, no wait, POLLRDHUP asked.
+  if (count == 1 && timeout == 0 && (fds[0].events & POLLRDHUP) != 0 &&
       g_hold_hang_up_check.compare_exchange_strong(armed, false))
     Hold();
   return __real_poll(fds, count, timeout);

@@ -3,10 +3,12 @@
 // costs one Notify at most one timeout, is not waited for again, and gets
 // what it missed once it has answered everything sent.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "test_process.h"
 #include "transport/fd_channel.h"
@@ -258,6 +260,68 @@ TEST(TransportWatchers, AFollowerThatMissedMoreThanItsBacklogIsToldToDropEveryth
   EXPECT_EQ(event.kind, EventKind::kUnfollowed) << "not one event per missed chunk";
   EXPECT_EQ(fds, 0u);
   EXPECT_EQ(watchers.count(), 0u) << "its connection should go after the last event";
+}
+
+}  // namespace
+}  // namespace vmmipc::transport
+
+namespace vmmipc::transport {
+namespace {
+
+// A watch connection of `follower`, made the way the listener makes one;
+// returns the importer's end.
+ScopedFd Watch(Watchers* watchers, uint32_t follower) {
+  auto [exporter_end, importer_end] = SeqpacketPair();
+  watchers->Activate(watchers->Reserve(follower, follower, kKey, kNonce), std::move(exporter_end));
+  return std::move(importer_end);
+}
+
+// Issue 26 item 2: an importer that exited left its watch connection (an fd
+// of the exporter) until some later request, and even then: a socket whose
+// peer closed polls readable too, and "hung up" was looked for only when
+// not readable. Now the listener's poll sees the hang-up, and Maintain drops it.
+TEST(TransportWatchers, AWatcherWhoseImporterExitedIsDroppedAfterThePollThatSawIt) {
+  Watchers watchers;
+  ScopedFd importer_end = Watch(&watchers, 5);
+  const ScopedFd other_importer = Watch(&watchers, 6);
+  importer_end.Reset();
+  std::vector<pollfd> fds;
+  ASSERT_TRUE(watchers.PollFds(&fds));
+  ASSERT_EQ(fds.size(), 2u) << "every watch connection is polled, lagging or not";
+  ASSERT_EQ(::poll(fds.data(), fds.size(), 1000), 1);
+  watchers.Maintain(fds);
+  EXPECT_EQ(watchers.count(), 1u);
+  // The healthy one is still told.
+  std::thread importer([&] {
+    wire::Event event;
+    size_t received = 0;
+    if (ReadEvent(other_importer.get(), &event, &received, 2000))
+      Ack(other_importer.get(), event.sequence);
+  });
+  const NotifyResult result = watchers.Notify(Pauses(1, 0x1000000, 6), 2000, -1);
+  importer.join();
+  EXPECT_EQ(result.done[0], std::vector<uint32_t>{6});
+}
+
+TEST(TransportWatchers, ANewWatchSweepsTheWatchersOfImportersThatExited) {
+  Watchers watchers;
+  Watch(&watchers, 5).Reset();  // its importer exits at once
+  const ScopedFd new_importer = Watch(&watchers, 6);
+  EXPECT_EQ(watchers.count(), 1u) << "the exited importer's watcher was kept";
+}
+
+TEST(TransportWatchers, PastItsCapAWatchIsNotKeptButTheSameFollowerStillReplacesItsOwn) {
+  Watchers watchers;
+  watchers.SetMaxWatchers(2);
+  const ScopedFd first = Watch(&watchers, 1);
+  const ScopedFd second = Watch(&watchers, 2);
+  EXPECT_EQ(watchers.Reserve(3, 3, kKey, kNonce), nullptr);
+  EXPECT_EQ(watchers.count(), 2u);
+  auto [again, again_importer] = SeqpacketPair();
+  Watchers::Reservation replacing = watchers.Reserve(2, 2, kKey, kNonce);
+  ASSERT_NE(replacing, nullptr);
+  watchers.Activate(replacing, std::move(again));
+  EXPECT_EQ(watchers.count(), 2u);
 }
 
 }  // namespace
