@@ -4,7 +4,8 @@
 // for its request, or kept as a watch connection. The caps below are a
 // fraction of the host's free fds (RLIMIT_NOFILE less the fds open, counted
 // in /proc/self/fd), measured when the listener starts, when accept() fails
-// for lack of fds, and again, at most once a second, when a class of
+// for lack of fds and when it works again after that, and again, at most
+// once a second, when a class of
 // connections reaches its cap or an accepted fd's number shows that the host
 // opened more since. Used by the listener's poll thread only.
 #pragma once

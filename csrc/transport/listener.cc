@@ -21,9 +21,11 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
+#include "transport/fd_budget.h"
 #include "transport/fd_channel.h"
 #include "transport/serve_connection.h"
 #include "transport/socket_address.h"
@@ -35,13 +37,20 @@ namespace {
 // The poll loop's longest sleep: a safety net only, since Stop() wakes the
 // thread through the eventfd at once and request deadlines shorten it.
 constexpr int kPollPeriodMs = 200;
-// How long to pause when accept() fails for lack of fds or memory: the
-// pending connection stays queued, so retrying at once would spin.
+// How long accept() rests when it fails for lack of fds or memory: the
+// pending connection stays queued, so retrying at once would spin. The
+// waiting connections are read meanwhile (their answers free fds).
 constexpr int kAcceptBackoffMs = 100;
 constexpr int kBacklog = 256;
-// Connections waiting for their request at once. Past it the poll thread
-// stops accepting until some are answered; further peers wait in the backlog.
-constexpr size_t kMaxWaiting = 512;
+// Accepts per turn of the poll loop at most: a flood of connections (each
+// closed at once past its class's cap) must not keep the thread from the
+// waiting connections' requests and deadlines, nor the watch connections.
+constexpr int kAcceptsPerTurn = 64;
+
+// "accept failed" lines: the first 3 of each minute, then one line with how
+// many more there were. Out of fds the listener retries ten times a second
+// for as long as it lasts, and the host's stderr is not ours to fill.
+constinit log::LineLimit g_accept_lines(3, 60000);
 
 }  // namespace
 
@@ -57,6 +66,17 @@ struct Listener::Impl {
   // std::thread calls std::terminate, and joining a thread that does not
   // exist in the child would hang.
   std::unique_ptr<std::thread> thread;
+  // The poll thread's: connections accepted whose request is not read yet,
+  // how many of them are our uid's and other uids', what the host's fds
+  // allow of each class (fd_budget.h), until when accept() rests, and
+  // whether it ran out of fds last time (the caps were cut to what was free
+  // then: the first accept that works again measures afresh).
+  std::vector<Connection> waiting;
+  size_t own_waiting = 0;
+  size_t others_waiting = 0;
+  FdBudget budget;
+  Deadline accept_resume = Deadline::AfterMs(0);
+  bool out_of_fds = false;
   pid_t owner_pid = 0;  // getpid() at Start(): who may join the threads and unlink the path
   bool owns_path = false;
   dev_t path_dev = 0;
@@ -80,6 +100,14 @@ struct Listener::Impl {
   ~Impl() { Stop(); }
 
   void Run() noexcept;
+  void ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept;
+  void AcceptQueued() noexcept;
+  void AcceptFailed(int error) noexcept;
+  void Admit(Connection connection) noexcept;
+  std::string OverCap(uint32_t uid) const;
+  size_t Held() const noexcept;
+  void MeasureBudget(bool out_of_fds) noexcept;
+  bool RefreshBudget() noexcept;
   void Work() noexcept;
   void Dispatch(Job job) noexcept;
   void Answer(PendingRequest request) noexcept;
@@ -130,14 +158,13 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
 }  // namespace
 
 void Listener::Impl::Run() noexcept {
-  std::vector<Connection> waiting;  // accepted, request not read yet; poll thread only
   std::vector<pollfd> pfds;
   while (true) {
     pfds.clear();
-    const bool accepting = waiting.size() < kMaxWaiting;
+    const bool accepting = accept_resume.Expired();
     pfds.push_back({stop_fd.get(), POLLIN, 0});
     pfds.push_back({accepting ? listen_fd.get() : -1, POLLIN, 0});
-    int sleep_ms = kPollPeriodMs;
+    int sleep_ms = accepting ? kPollPeriodMs : std::min(kPollPeriodMs, accept_resume.RemainingMs());
     for (const Connection& c : waiting) {
       pfds.push_back({c.fd.get(), POLLIN, 0});
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
@@ -156,63 +183,156 @@ void Listener::Impl::Run() noexcept {
     // Watch connections that hung up go; lagging followers that answer again
     // get what they missed (watchers.h); at least once a poll period,
     // without waiting on anyone.
-    if (context.watchers != nullptr)
+    if (context.watchers != nullptr) {
       context.watchers->Maintain(std::span<const pollfd>(pfds).subspan(watch_fds));
+      // Full: perhaps the host has closed fds since the cap was set.
+      if (context.watchers->count() >= budget.caps().watchers) RefreshBudget();
+    }
     // Requests first (their peers are waiting), then the deadlines, then new peers.
-    std::vector<Connection> still_waiting;
-    still_waiting.reserve(waiting.size());
-    for (size_t i = 0; i < waiting.size(); ++i) {
-      Connection& c = waiting[i];
-      if (n > 0 && pfds[i + 2].revents != 0) {
-        PendingRequest request;
-        const ReadOutcome outcome = ReadRequest(c, context, &request);
-        if (outcome == ReadOutcome::kReady) {
-          Answer(std::move(request));
-          continue;
-        }
-        if (outcome == ReadOutcome::kDone) continue;
-      }
-      if (c.deadline.Expired()) {
-        DropSilent(std::move(c), context);
+    ReadWaiting(pfds, n > 0);
+    if (n > 0 && accepting && pfds[1].revents != 0) AcceptQueued();
+  }
+  for (Connection& c : waiting) CloseConnection(std::move(c.fd));
+  waiting.clear();
+}
+
+// Reads the requests that came (`polled`: the poll said which) and drops the
+// connections whose deadline passed, keeping the rest in order, in place.
+void Listener::Impl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept {
+  size_t kept = 0;
+  own_waiting = others_waiting = 0;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    Connection& c = waiting[i];
+    if (polled && pfds[i + 2].revents != 0) {
+      PendingRequest request;
+      const ReadOutcome outcome = ReadRequest(c, context, &request);
+      if (outcome == ReadOutcome::kReady) {
+        Answer(std::move(request));
         continue;
       }
-      still_waiting.push_back(std::move(c));
+      if (outcome == ReadOutcome::kDone) continue;
     }
-    waiting = std::move(still_waiting);
-    if (n <= 0 || !accepting || pfds[1].revents == 0) continue;
-    // Accept everything queued. Non-blocking: a connection that went away
-    // between poll and accept must not park the thread where Stop() cannot
-    // reach it.
-    while (waiting.size() < kMaxWaiting) {
-      const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        const int error = errno;
-        if (error == EAGAIN || error == EINTR || error == ECONNABORTED) break;
-        VMMIPC_LOG_WARN("listener {}: accept failed: {}; retrying in {} ms", address.display,
-                        ErrnoText(error), kAcceptBackoffMs);
-        pollfd stop{stop_fd.get(), POLLIN, 0};
-        if (::poll(&stop, 1, kAcceptBackoffMs) > 0) goto stopped;
+    if (c.deadline.Expired()) {
+      DropSilent(std::move(c), context);
+      continue;
+    }
+    ++(c.peer.uid == context.uid ? own_waiting : others_waiting);
+    if (kept != i) waiting[kept] = std::move(c);
+    ++kept;
+  }
+  waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(kept), waiting.end());
+}
+
+// Accepts what is queued, a turn's worth at most. Non-blocking: a connection
+// that went away between poll and accept must not park the thread where
+// Stop() cannot reach it.
+void Listener::Impl::AcceptQueued() noexcept {
+  for (int i = 0; i < kAcceptsPerTurn; ++i) {
+    const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      const int error = errno;
+      if (error != EAGAIN && error != EINTR && error != ECONNABORTED) AcceptFailed(error);
+      return;
+    }
+    if (out_of_fds) {
+      // The shortage is over (or easing): without a new look, the caps would
+      // stay at what was free during it for up to a second.
+      out_of_fds = false;
+      MeasureBudget(false);
+    } else if (budget.Outgrown(fd, Held())) {
+      RefreshBudget();
+    }
+    Connection connection;
+    if (!StartConnection(ScopedFd(fd), context, &connection)) continue;
+    // The importer sends its request right after connecting: it is often
+    // queued already, and reading it now saves a poll round (and answers a
+    // peer even when its class has no room left to wait).
+    PendingRequest request;
+    switch (ReadRequest(connection, context, &request)) {
+      case ReadOutcome::kReady:
+        Answer(std::move(request));
         break;
-      }
-      Connection connection;
-      if (!StartConnection(ScopedFd(fd), context, &connection)) continue;
-      // The importer sends its request right after connecting: it is often
-      // queued already, and reading it now saves a poll round.
-      PendingRequest request;
-      switch (ReadRequest(connection, context, &request)) {
-        case ReadOutcome::kReady:
-          Answer(std::move(request));
-          break;
-        case ReadOutcome::kDone:
-          break;
-        case ReadOutcome::kWaiting:
-          waiting.push_back(std::move(connection));
-          break;
-      }
+      case ReadOutcome::kDone:
+        break;
+      case ReadOutcome::kWaiting:
+        Admit(std::move(connection));
+        break;
     }
   }
-stopped:
-  for (Connection& c : waiting) CloseConnection(std::move(c.fd));
+}
+
+void Listener::Impl::AcceptFailed(int error) noexcept {
+  accept_resume = Deadline::AfterMs(kAcceptBackoffMs);
+  // Out of fds (EMFILE: this process's; ENFILE: the system's): the host has
+  // fewer free than the caps were set for.
+  if (error == EMFILE || error == ENFILE) {
+    MeasureBudget(error == EMFILE);
+    out_of_fds = true;
+  }
+  if (log::Admitted(g_accept_lines, log::Level::kWarn, "listener " + address.display,
+                    "accept failures"))
+    VMMIPC_LOG_WARN(
+        "listener {}: accept failed: {}; retrying in {} ms (this process holds {} connections "
+        "waiting for their request and {} watch connections)",
+        address.display, ErrnoText(error), kAcceptBackoffMs, waiting.size(),
+        context.watchers != nullptr ? context.watchers->count() : 0);
+}
+
+// A connection that must wait for its request, if its class has room; the
+// newest of a full class is closed at once. Our uid's and other uids' are
+// counted apart, so that another user never takes our importers' room.
+void Listener::Impl::Admit(Connection connection) noexcept {
+  try {
+    std::string why = OverCap(connection.peer.uid);
+    // Full: perhaps the host has closed fds since the caps were set.
+    if (!why.empty() && RefreshBudget()) why = OverCap(connection.peer.uid);
+    if (!why.empty()) {
+      DropOverCap(std::move(connection), context, why);
+      return;
+    }
+    // Never grows past the capacity reserved at Start: the caps are below it.
+    ++(connection.peer.uid == context.uid ? own_waiting : others_waiting);
+    waiting.push_back(std::move(connection));
+  } catch (...) {
+    CloseConnection(std::move(connection.fd));
+  }
+}
+
+// Empty when a connection of `uid` may wait; else why not, for the log line.
+std::string Listener::Impl::OverCap(uint32_t uid) const {
+  const ConnectionCaps& caps = budget.caps();
+  if (uid == context.uid) {
+    if (own_waiting < caps.own_waiting) return {};
+    return fmt::format(
+        "{} connections of this uid wait for their request already, the most while {} of "
+        "this process's {} fds are free",
+        own_waiting, budget.free_fds(), budget.limit());
+  }
+  if (others_waiting >= caps.others_waiting)
+    return fmt::format("{} connections of other users wait already (at most {} together)",
+                       others_waiting, caps.others_waiting);
+  const size_t of_uid = static_cast<size_t>(std::count_if(
+      waiting.begin(), waiting.end(), [uid](const Connection& c) { return c.peer.uid == uid; }));
+  if (of_uid >= caps.per_other_uid)
+    return fmt::format("{} connections of uid {} wait already (at most {} per other user)", of_uid,
+                       uid, caps.per_other_uid);
+  return {};
+}
+
+// The connections the listener holds: waiting ones and watch connections.
+size_t Listener::Impl::Held() const noexcept {
+  return waiting.size() + (context.watchers != nullptr ? context.watchers->count() : 0);
+}
+
+void Listener::Impl::MeasureBudget(bool out_of_fds) noexcept {
+  budget.Measure(Held(), out_of_fds);
+  watchers.SetMaxWatchers(budget.caps().watchers);
+}
+
+bool Listener::Impl::RefreshBudget() noexcept {
+  if (!budget.Refresh(Held())) return false;
+  watchers.SetMaxWatchers(budget.caps().watchers);
+  return true;
 }
 
 // Answers on the poll thread: the handler here (one export per chunk at
@@ -417,6 +537,16 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
     impl->context.events = options.events;
     impl->context.watchers = options.keep_watchers ? &impl->watchers : nullptr;
     impl->watchers.SetResumeFdSource(options.resume_fd);
+    // Room for every connection the caps let wait, so that the poll thread
+    // never allocates for one.
+    impl->waiting.reserve(kMaxOwnWaiting + kMaxOthersWaiting);
+    impl->MeasureBudget(false);
+    const ConnectionCaps& caps = impl->budget.caps();
+    VMMIPC_LOG_DEBUG(
+        "listener {}: {} of {} fds free: at most {} connections of our uid and {} of other users "
+        "({} per user) waiting for their request, {} watch connections",
+        address.display, impl->budget.free_fds(), impl->budget.limit(), caps.own_waiting,
+        caps.others_waiting, caps.per_other_uid, caps.watchers);
     try {
       Impl* raw = impl.get();
       impl->thread = StartQuietThread("vmmipc-listen", [raw] { raw->Run(); });

@@ -285,13 +285,29 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
   Close(std::move(connection.fd), context);
 }
 
+void DropOverCap(Connection connection, const ServeContext& context,
+                 const std::string& why) noexcept {
+  if (MayLog(context.name))
+    VMMIPC_LOG_WARN("listener {}: closed peer pid {} uid {} at once: {}", context.name,
+                    connection.peer.pid, connection.peer.uid, why);
+  Dropped(context);
+  Close(std::move(connection.fd), context);
+}
+
 bool PrepareReply(PendingRequest& request, const ServeContext& context,
                   ServeReply* reply) noexcept {
   try {
     // The watcher first, so that a pause after the grant is told (watchers.h).
-    if (request.request.watch && context.watchers != nullptr)
+    if (request.request.watch && context.watchers != nullptr) {
       request.watcher = context.watchers->Reserve(request.request.follower, request.peer.pid,
                                                   request.key, request.nonce);
+      if (!request.watcher && MayLog(context.name))
+        VMMIPC_LOG_WARN(
+            "listener {}: importer pid {} asked to follow this process, but {} watch connections "
+            "are kept already, the most this process's free fds allow: it is answered without "
+            "one, and does not follow pauses of what it is granted",
+            context.name, request.peer.pid, context.watchers->count());
+    }
     if (Prepare(request, context, reply)) return true;
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());

@@ -75,6 +75,11 @@ ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
                         PendingRequest* out) noexcept;
 // The deadline of `connection` passed without a request: drop it (logged, counted).
 void DropSilent(Connection connection, const ServeContext& context) noexcept;
+// `connection` would wait for its request, and its class of connections is
+// at its cap (listener.cc, fd_budget.h): closed at once, without an answer,
+// logged with `why`, counted as dropped.
+void DropOverCap(Connection connection, const ServeContext& context,
+                 const std::string& why) noexcept;
 // Runs the handler and checks its reply. False when a refusal was sent
 // instead (the connection is then closed); true: send `*reply` with SendReply.
 bool PrepareReply(PendingRequest& request, const ServeContext& context, ServeReply* reply) noexcept;
