@@ -1,8 +1,10 @@
-// The listener's lifecycle: bind the socket (abstract or filesystem), run the
-// poll thread that accepts connections and reads requests, run the workers
-// that answer them, stop everything promptly through an eventfd, and let a
-// forked child walk away from threads it does not have. What happens on one
-// connection is serve_connection.cc's job.
+// The listener's lifecycle: bind the socket (abstract or filesystem, whose
+// file goes at stop and at exit: socket_file.h), run the poll thread that
+// accepts connections, as many as the host's fds allow each class of peers
+// (fd_budget.h), and reads requests, run the workers that answer them, stop
+// everything promptly through an eventfd, and let a forked child walk away
+// from threads it does not have. What happens on one connection is
+// serve_connection.cc's job.
 #include "transport/listener.h"
 
 #include <poll.h>
@@ -29,6 +31,7 @@
 #include "transport/fd_channel.h"
 #include "transport/serve_connection.h"
 #include "transport/socket_address.h"
+#include "transport/socket_file.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {
@@ -77,10 +80,8 @@ struct Listener::Impl {
   FdBudget budget;
   Deadline accept_resume = Deadline::AfterMs(0);
   bool out_of_fds = false;
-  pid_t owner_pid = 0;  // getpid() at Start(): who may join the threads and unlink the path
-  bool owns_path = false;
-  dev_t path_dev = 0;
-  ino_t path_ino = 0;
+  pid_t owner_pid = 0;          // getpid() at Start(): who may join the threads and unlink the path
+  BoundSocketFile socket_file;  // a filesystem socket's file: removed at Stop() and at exit
 
   // The workers. Guarded by jobs_mutex: jobs, workers, idle_workers,
   // stopping. Never held across I/O or the handler.
@@ -113,7 +114,6 @@ struct Listener::Impl {
   void Answer(PendingRequest request) noexcept;
   void Stop() noexcept;
   void Abandon() noexcept;
-  void UnlinkOwnPath() noexcept;
 };
 
 namespace {
@@ -406,16 +406,6 @@ void Listener::Impl::Work() noexcept {
   }
 }
 
-void Listener::Impl::UnlinkOwnPath() noexcept {
-  if (!owns_path) return;
-  owns_path = false;
-  // Only the file this listener bound: if someone replaced it meanwhile, it is theirs.
-  struct stat st {};
-  if (::lstat(address.path.c_str(), &st) == 0 && st.st_dev == path_dev && st.st_ino == path_ino) {
-    ::unlink(address.path.c_str());
-  }
-}
-
 void Listener::Impl::Stop() noexcept {
   if (owner_pid != ::getpid()) {
     // A forked child that did not call AbandonAfterFork(): writing the shared
@@ -446,7 +436,8 @@ void Listener::Impl::Stop() noexcept {
   for (Job& job : abandoned) CloseConnection(std::move(job.request.fd));
   listen_fd.Reset();
   stop_fd.Reset();
-  UnlinkOwnPath();
+  // Only the file this listener bound: if someone replaced it meanwhile, it is theirs.
+  socket_file.Remove();
 }
 
 void Listener::Impl::Abandon() noexcept {
@@ -459,7 +450,7 @@ void Listener::Impl::Abandon() noexcept {
   watchers.AbandonAfterFork();
   listen_fd.Reset();
   stop_fd.Reset();
-  owns_path = false;  // the path belongs to the parent's listener
+  socket_file.Forget();  // the path belongs to the parent's listener
 }
 
 std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeHandler handler,
@@ -505,14 +496,13 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       }
       return nullptr;
     }
-    if (!address.abstract) {
-      struct stat st {};
-      if (::lstat(address.path.c_str(), &st) == 0) {
-        impl->owns_path = true;
-        impl->path_dev = st.st_dev;
-        impl->path_ino = st.st_ino;
-      }
-    }
+    // From here the file is removed at Stop() (this function's failures
+    // included) and at the process's exit, while it is still the one bound.
+    if (!address.abstract && !impl->socket_file.Adopt(address.path))
+      VMMIPC_LOG_WARN(
+          "listener {}: the socket file is not the one bind() made any more; it is left "
+          "alone, at stop and at exit",
+          address.display);
     // Nothing we are sent may carry fds: have the kernel refuse them outright
     // where it can (Linux 6.16+); elsewhere serve_connection never takes them.
     const bool refuses_fds = RefuseIncomingFds(impl->listen_fd.get());

@@ -1066,7 +1066,59 @@ TEST_F(Fault, SocketDirectoryOthersCanWriteIsRefusedByExporterAndImporter) {
     ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
     OpenCheckClose(*importer, handle, 2 * kChunk, 41);
   }
-  // An exporter's socket file outlives it (the next listener of its pid clears it).
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 26 item 7: with VMMIPC_SOCKET_DIR every exporter that exited left its
+// socket file behind (five exits, five files). Now an exporter that exits,
+// by exit() or by returning from main, removes it; one killed (SIGKILL: no
+// exit handler runs) leaves it, and the next exporter of that name finds it
+// dead, removes it and serves.
+TEST_F(Fault, SocketFileGoesWithAnExporterThatExitsAndAKilledOnesIsTakenOverByItsName) {
+  char dir_template[] = "/tmp/vmmipc-fault-exit-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::map<std::string, std::string> env = {{"VMMIPC_SOCKET_DIR", dir}};
+  auto path_of = [&](pid_t pid) {
+    return dir + "/vmmipc." + std::to_string(geteuid()) + "." + std::to_string(pid) + ".sock";
+  };
+  auto files = [&] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++n;
+    return n;
+  };
+  // exit(), then a return from main (what the peer does at its "exit").
+  for (const bool by_exit : {true, false}) {
+    auto exporter = Peer(by_exit ? "exporter-exit" : "exporter-return", "0", env);
+    Handle(*exporter, VmmBuffer(*exporter, "a", 1, 42));
+    const std::string path = path_of(exporter->pid());
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    if (by_exit) {
+      // No answer: its stdout closes when it has exited, exit handlers run.
+      EXPECT_EQ(exporter->Call("exit_now 0"), "");
+      exporter->Kill();  // only reaps it: writing it "exit" now would raise SIGPIPE here
+    }
+    exporter.reset();  // for the return: asks it to exit, and reaps it
+    EXPECT_FALSE(std::filesystem::exists(path)) << (by_exit ? "exit()" : "return from main");
+  }
+  EXPECT_EQ(files(), 0u);
+  auto killed = Peer("exporter-killed", "0", env);
+  Handle(*killed, VmmBuffer(*killed, "b", 1, 43));
+  const std::string stale = path_of(killed->pid());
+  killed->Kill();
+  EXPECT_TRUE(std::filesystem::exists(stale)) << "a killed exporter runs no exit handler";
+  EXPECT_EQ(files(), 1u);
+  // The next exporter of that name: its pid differs, so the dead file is
+  // given its name (a pid reused after the kill would find it so).
+  auto next = Peer("exporter-next", "0", env);
+  auto importer = Peer("importer", "1", env);
+  ASSERT_EQ(::rename(stale.c_str(), path_of(next->pid()).c_str()), 0);
+  const std::string handle = Handle(*next, VmmBuffer(*next, "c", 1, 44));
+  EXPECT_TRUE(LogShows(*next, "removed stale socket file " + path_of(next->pid())));
+  OpenCheckClose(*importer, handle, kChunk, 44);
+  next.reset();
+  importer.reset();
+  EXPECT_EQ(files(), 0u);
   std::filesystem::remove_all(dir);
 }
 

@@ -645,6 +645,61 @@ TEST_F(TransportListenerFs, FilesystemSocketServesAndIsRemoved) {
   ExpectNoFdLeak();
 }
 
+// Issue 26 item 7: the file is removed when the process exits, not only at a
+// stop (the library never stops its listener): by exit() in the process that
+// bound it, never by the exit of a forked child, which leaves its parent's.
+TEST_F(TransportListenerFs, FilesystemSocketIsRemovedAtExitButNotByAForkedChildsExit) {
+  const uint32_t exiting = FakePid();
+  EXPECT_EQ(InChild([&] {
+              std::string error;
+              auto listener =
+                  Listener::Start(Options(exiting, 200, dir_), ChunksHandler(1), &error);
+              if (listener == nullptr) return 10;
+              struct stat st {};
+              if (lstat(PathFor(exiting).c_str(), &st) != 0) return 11;
+              std::exit(0);  // the listener still runs: nobody stopped it
+            }),
+            0);
+  struct stat st {};
+  EXPECT_NE(lstat(PathFor(exiting).c_str(), &st), 0) << "socket file left behind by exit()";
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid, 200, dir_), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    EXPECT_EQ(InChild([]() -> int { std::exit(0); }), 0);
+    EXPECT_EQ(lstat(PathFor(pid).c_str(), &st), 0) << "a forked child's exit removed our file";
+    EXPECT_EQ(FetchChunks(Request(pid), Client(1000, dir_)).status, FetchStatus::kOk);
+  }
+  EXPECT_NE(lstat(PathFor(pid).c_str(), &st), 0);
+  ExpectNoFdLeak();
+}
+
+// Only the inode bound is removed: a file put in its place meanwhile (by the
+// user: nobody else can write the directory) stays, at stop as at exit.
+TEST_F(TransportListenerFs, AFileThatReplacedTheSocketIsNotRemoved) {
+  const uint32_t pid = FakePid();
+  const std::string path = PathFor(pid);
+  for (const bool at_exit : {false, true}) {
+    EXPECT_EQ(InChild([&] {
+                std::string error;
+                auto listener = Listener::Start(Options(pid, 200, dir_), ChunksHandler(1), &error);
+                if (listener == nullptr) return 10;
+                if (unlink(path.c_str()) != 0) return 11;
+                ScopedFd other(open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+                if (!other.valid()) return 12;
+                if (at_exit) std::exit(0);
+                listener.reset();
+                return 0;
+              }),
+              0);
+    struct stat st {};
+    EXPECT_EQ(lstat(path.c_str(), &st), 0) << (at_exit ? "exit" : "stop") << " removed it";
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    unlink(path.c_str());
+  }
+  ExpectNoFdLeak();
+}
+
 TEST_F(TransportListenerFs, StaleSocketFileIsReplaced) {
   const uint32_t pid = FakePid();
   SocketAddress address;
