@@ -123,10 +123,12 @@ void StartThread(Reaper& reaper, int inbox, bool private_table) noexcept;
 
 // Receives one message of fds from the inbox; blocks. Fills `fds` (at most
 // `capacity`) and returns how many, 0 for a message without fds, -1 when the
-// inbox is unusable.
-int ReceiveFds(int inbox, int* fds, int capacity) {
-  char byte = 0;
-  iovec iov{&byte, 1};
+// inbox is unusable. `*host_fd`: the sender's own number of the fd, left for
+// this thread to close (the host's table only), or -1.
+int ReceiveFds(int inbox, int* fds, int capacity, int* host_fd) {
+  *host_fd = -1;
+  int payload = -1;
+  iovec iov{&payload, sizeof(payload)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -135,6 +137,7 @@ int ReceiveFds(int inbox, int* fds, int capacity) {
   msg.msg_controllen = sizeof(control);
   const ssize_t n = RetryOnEintr([&] { return ::recvmsg(inbox, &msg, MSG_CMSG_CLOEXEC); });
   if (n <= 0) return -1;
+  if (n == sizeof(payload)) *host_fd = payload;
   int count = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -156,7 +159,8 @@ int ReceiveFds(int inbox, int* fds, int capacity) {
 void Run(Reaper& reaper, int inbox, bool private_table) noexcept {
   while (true) {
     int fds[4];
-    const int count = ReceiveFds(inbox, fds, 4);
+    int host_fd = -1;
+    const int count = ReceiveFds(inbox, fds, 4, &host_fd);
     if (count < 0) return;
     // Taken: keep one thread idle for the next, unless at the cap. The new
     // thread shares this one's table (pthread_create shares the caller's).
@@ -169,9 +173,12 @@ void Run(Reaper& reaper, int inbox, bool private_table) noexcept {
         DisposalCounts counts;
         DisposeOfPeerFd(fds[i], &counts);
       } else {
-        ::close(fds[i]);  // the close that may block, on this thread only
+        ::close(fds[i]);
       }
     }
+    // In the host's table the sender left its own number open for us, so
+    // that the last close, which may block, is this thread's.
+    if (!private_table && host_fd >= 0) ::close(host_fd);
     reaper.pending.fetch_sub(1);
     reaper.idle.fetch_add(1);
   }
@@ -295,9 +302,9 @@ bool StartLocked(Reaper& reaper) {
 // One fd into the inbox, without waiting: false when its queue is full
 // (every thread busy in a disposal that does not return) or the kernel
 // refuses more fds in flight.
-bool SendToInbox(int inbox, int fd) {
-  char byte = 0;
-  iovec iov{&byte, 1};
+bool SendToInbox(int inbox, int fd, int host_fd) {
+  int payload = host_fd;
+  iovec iov{&payload, sizeof(payload)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -309,7 +316,8 @@ bool SendToInbox(int inbox, int fd) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   *reinterpret_cast<int*>(CMSG_DATA(c)) = fd;
-  return RetryOnEintr([&] { return ::sendmsg(inbox, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); }) == 1;
+  return RetryOnEintr([&] { return ::sendmsg(inbox, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); }) ==
+         static_cast<ssize_t>(sizeof(payload));
 }
 
 }  // namespace
@@ -319,6 +327,7 @@ void CloseInBackground(ScopedFd fd) noexcept {
   try {
     Reaper& reaper = Get();
     int inbox = -1;
+    bool private_table = true;
     {
       std::lock_guard lock(reaper.mutex);
       if (!StartLocked(reaper)) {
@@ -328,12 +337,19 @@ void CloseInBackground(ScopedFd fd) noexcept {
       ReplaceFailedPrivateThreadLocked(reaper);
       CloseHostCopyOfInboxLocked(reaper);
       inbox = reaper.inbox_send;
+      private_table = reaper.table.load() != ReaperTable::kShared;
     }
     reaper.pending.fetch_add(1);
-    if (SendToInbox(inbox, fd.get())) {
-      // Queued: the inbox holds a reference, so this close is not the last
-      // one and cannot block.
-      fd.Reset();
+    // Private table: the thread switches a socket's lingering off before
+    // anything is closed for good, so our close may come before or after its
+    // own. Host's table: nothing is switched off, so our copy stays open and
+    // the thread closes it after its own, being then the last.
+    if (SendToInbox(inbox, fd.get(), private_table ? -1 : fd.get())) {
+      if (private_table) {
+        fd.Reset();
+      } else {
+        (void)fd.Release();
+      }
       return;
     }
     const int error = errno;

@@ -14,7 +14,8 @@
 // that what a peer queued can be taken apart (sockets' lingering switched
 // off) without its fds ever entering the host's table, and without a close
 // there dropping the host's POSIX locks; else in the host's table, as plain
-// closes. docs/security.md has the budget this gives.
+// closes, where the sender's copy stays open for the thread to close last. docs/security.md has the
+// budget this gives.
 #pragma once
 
 #include <cstddef>
