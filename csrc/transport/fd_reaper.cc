@@ -18,6 +18,7 @@
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
+#include "transport/fd_channel.h"
 #include "transport/fd_disposal.h"
 
 #ifndef SYS_pidfd_open
@@ -303,21 +304,13 @@ bool StartLocked(Reaper& reaper) {
 // (every thread busy in a disposal that does not return) or the kernel
 // refuses more fds in flight.
 bool SendToInbox(int inbox, int fd, int host_fd) {
-  int payload = host_fd;
-  iovec iov{&payload, sizeof(payload)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  *reinterpret_cast<int*>(CMSG_DATA(c)) = fd;
-  return RetryOnEintr([&] { return ::sendmsg(inbox, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); }) ==
-         static_cast<ssize_t>(sizeof(payload));
+  const int payload = host_fd;
+  const int fds[1] = {fd};
+  const IoResult io =
+      SendMessage(inbox, {reinterpret_cast<const uint8_t*>(&payload), sizeof(payload)}, fds,
+                  Deadline::AfterMs(0));
+  if (!io.ok()) errno = io.error != 0 ? io.error : EAGAIN;
+  return io.ok();
 }
 
 }  // namespace
