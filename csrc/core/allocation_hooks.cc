@@ -7,12 +7,13 @@
 //    driver unmaps. With follow on, both tell the importers (core/follow.h).
 #include "common/log.h"
 #include "config/params.h"
-#include "core/export_ahead.h"
+#include "core/device_memory.h"
+#include "core/export/export_ahead.h"
 #include "core/follow.h"
-#include "core/ipc.h"
+#include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
-#include "core/vmm_memory.h"
+#include "core/export/vmm_memory.h"
 
 namespace vmmipc::core {
 
@@ -69,7 +70,7 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
   mapping.generation = state.exporter.mappings().Add(mapping);
   if (config::Get().follow) FollowMap(state, mapping);  // a resume: importers map it too
   if (config::Get().export_on_map && mapping.posix_fd_exportable)
-    ExportAheadOfMap(state, mapping.base);
+    ExportAheadOfMap(state.exporter, mapping.base);
   return result;
 }
 

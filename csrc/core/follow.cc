@@ -10,8 +10,8 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "config/params.h"
-#include "core/exported_fds.h"
-#include "core/placement.h"
+#include "core/export/exported_fds.h"
+#include "core/import/placement.h"
 #include "core/real.h"
 #include "core/stats.h"
 
@@ -215,7 +215,7 @@ void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
   if (!paused) return;
   ScopedFd fd;
   CUresult exported = CUDA_ERROR_INVALID_VALUE;
-  if (mapping.posix_fd_exportable) exported = FdForChunk(state, mapping, &fd);
+  if (mapping.posix_fd_exportable) exported = FdForChunk(state.exporter, mapping, &fd);
   if (exported != CUDA_SUCCESS) {
     VMMIPC_LOG_WARN(
         "follow: the memory mapped again at 0x{:x} cannot be exported ({}); {} importer(s) "

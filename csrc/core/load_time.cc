@@ -5,7 +5,7 @@
 
 #include "common/fd_table.h"
 #include "config/params.h"
-#include "core/exported_fds.h"
+#include "core/export/fd_cache_limit.h"
 
 namespace vmmipc::core {
 namespace {

@@ -4,11 +4,11 @@
 //  - range queries on imported pointers answer with the imported run, as the
 //    driver does for a legacy IPC mapping (the allocation); on a carve of the
 //    export arena, with the carve, as the driver does for a reservation.
-#include "core/export_arena.h"
-#include "core/ipc.h"
+#include "core/arena/export_arena.h"
+#include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
-#include "core/vmm_memory.h"
+#include "core/export/vmm_memory.h"
 
 namespace vmmipc::core {
 namespace {

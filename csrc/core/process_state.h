@@ -11,9 +11,9 @@
 #include <mutex>
 
 #include "common/random.h"
-#include "core/arena_side.h"
-#include "core/export_side.h"
-#include "core/import_side.h"
+#include "core/arena/arena_side.h"
+#include "core/export/export_side.h"
+#include "core/import/import_side.h"
 #include "transport/siphash.h"
 
 namespace vmmipc::core {

@@ -9,7 +9,7 @@
 #include <atomic>
 
 #include "config/params.h"
-#include "core/ipc.h"
+#include "core/hooks.h"
 
 namespace vmmipc::core {
 

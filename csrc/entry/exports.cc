@@ -10,8 +10,7 @@
 #include <string_view>
 
 #include "common/log.h"
-#include "core/export_arena.h"
-#include "core/ipc.h"
+#include "core/hooks.h"
 #include "core/real.h"
 #include "entry/hook_table.h"
 

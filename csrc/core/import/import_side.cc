@@ -1,6 +1,6 @@
 // The import side's table operations, each under the import lock, its zone
 // reservation, and its fork reset.
-#include "core/import_side.h"
+#include "core/import/import_side.h"
 
 #include <algorithm>
 #include <chrono>

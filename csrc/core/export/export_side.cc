@@ -1,6 +1,6 @@
 // The export side's queue of chunks to export ahead, its export anchor, and
 // its fork reset.
-#include "core/export_side.h"
+#include "core/export/export_side.h"
 
 #include "common/log.h"
 #include "common/parked.h"

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "core/process_state.h"
+#include "core/export/export_side.h"
 
 namespace vmmipc::core {
 
@@ -16,6 +16,6 @@ namespace vmmipc::core {
 // driver's set-up anyway); a call that comes meanwhile waits for it; later
 // calls return at once. Runs on the thread that exports: a listener thread, in the export
 // context.
-void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept;
+void WarmUpBeforeFirstExport(ExportSide& exporter, int32_t device) noexcept;
 
 }  // namespace vmmipc::core

@@ -18,15 +18,16 @@
 // for a library loaded late (dlopen'ed into a process that already runs
 // threads) no thread is off every open's path at this point: such a process's
 // table grows as fds are opened, as it would without vmmipc.
-#include "core/export_warmup.h"
+#include "core/export/export_warmup.h"
 
 #include "common/fd_table.h"
 #include "common/log.h"
 #include "config/params.h"
+#include "core/device_memory.h"
 #include "core/load_time.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "core/vmm_memory.h"
+#include "core/export/vmm_memory.h"
 #include "driver/status.h"
 
 namespace vmmipc::core {
@@ -36,7 +37,7 @@ namespace {
 // where the process's first export runs (a listener thread, in the export
 // context). Every failure leaves nothing behind: exports then pay the set-up
 // again after the last exported chunk is unmapped, as without anchors.
-bool MakeExportAnchor(ProcessState& state, int32_t device) {
+bool MakeExportAnchor(ExportSide& exporter, int32_t device) {
   const CUmemAllocationProp prop = DeviceMemoryProp(device, /*posix_fd=*/true);
   size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
@@ -61,7 +62,7 @@ bool MakeExportAnchor(ProcessState& state, int32_t device) {
         step, device, driver::ErrorName(result));
     return false;
   }
-  state.exporter.KeepExportAnchor(handle, ScopedFd(raw));
+  exporter.KeepExportAnchor(handle, ScopedFd(raw));
   stats::Count(stats::Counter::kExportAnchors);
   VMMIPC_LOG_DEBUG("export anchor: kept an exported fd of {} of device {} until exit",
                    log::Bytes(size), device);
@@ -78,12 +79,12 @@ void SayWarmedUp(const char* anchored) {
 
 }  // namespace
 
-void WarmUpBeforeFirstExport(ProcessState& state, int32_t device) noexcept {
-  state.exporter.WarmUpOnce([&state, device] {
+void WarmUpBeforeFirstExport(ExportSide& exporter, int32_t device) noexcept {
+  exporter.WarmUpOnce([&exporter, device] {
     // The anchor first: its export pays the driver's set-up (~600 us) that
     // this first export would have paid, so the chunk's own costs ~35 us.
     const bool wanted = config::Get().export_anchor && device >= 0;
-    const char* anchored = !wanted ? "off" : MakeExportAnchor(state, device) ? "kept" : "none";
+    const char* anchored = !wanted ? "off" : MakeExportAnchor(exporter, device) ? "kept" : "none";
     SayWarmedUp(anchored);
   });
 }

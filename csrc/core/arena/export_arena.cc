@@ -1,10 +1,13 @@
 // Export-arena reservation and carving through the real driver.
-#include "core/export_arena.h"
+#include "core/arena/export_arena.h"
+
+#include <cuda.h>
 
 #include <atomic>
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
 

@@ -5,17 +5,11 @@
 // in the real driver (measured), so carving, not hinting, is the mechanism.
 #pragma once
 
-#include <cuda.h>
-
 #include <cstdint>
 
-#include "core/arena_side.h"
+#include "core/arena/arena_side.h"
 
 namespace vmmipc::core {
-
-CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
-                           unsigned long long flags);
-CUresult MemAddressFree(CUdeviceptr pointer, size_t size);
 
 // True when `address` lies in a carved reservation of the arena.
 bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info);

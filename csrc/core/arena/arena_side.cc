@@ -1,5 +1,5 @@
 // The export arena's carving and lookups, under its lock.
-#include "core/arena_side.h"
+#include "core/arena/arena_side.h"
 
 #include "common/log.h"
 

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <optional>
 
-#include "core/process_state.h"
+#include "core/import/import_side.h"
 
 namespace vmmipc::core {
 
 // The import zone, reserved on first use (ImportSide::Zone); nullopt when it
 // could not be (one warning): then every import is placed best-effort.
-std::optional<state::ZoneLayout> ImportZone(ProcessState& state);
+std::optional<state::ZoneLayout> ImportZone(ImportSide& importer);
 
 // A reservation anywhere, for best-effort placement.
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base);

@@ -24,14 +24,6 @@ struct ChunkInfo {
   bool export_cached = false;  // tracked, and its exported fd is cached (no export on request)
 };
 
-// The device ordinal an allocation lives on, from its properties (nullptr:
-// unknown); -1 for memory that is not on a device (host NUMA, say).
-int32_t DeviceOf(const CUmemAllocationProp* prop);
-
-// Pinned memory of `device`, exportable as a POSIX fd when asked: what
-// vmmipc's own small allocations (the anchors) are made of.
-CUmemAllocationProp DeviceMemoryProp(int32_t device, bool posix_fd);
-
 // The placement base and run limit of an exporter address: the arena and the
 // carve's end inside the export arena, else the driver reservation.
 CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end);

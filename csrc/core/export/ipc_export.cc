@@ -12,15 +12,16 @@
 #include "common/log.h"
 #include "common/syscall.h"
 #include "config/params.h"
-#include "core/export_ahead.h"
-#include "core/export_arena.h"
-#include "core/exported_fds.h"
-#include "core/ipc.h"
+#include "core/export/export_ahead.h"
+#include "core/arena/export_arena.h"
+#include "core/export/exported_fds.h"
+#include "core/export/fd_cache_limit.h"
+#include "core/hooks.h"
 #include "core/process_state.h"
-#include "core/rank_slot.h"
+#include "core/export/rank_slot.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "core/vmm_memory.h"
+#include "core/export/vmm_memory.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/wire.h"
@@ -86,7 +87,7 @@ transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRe
       return Refuse(transport::RefuseReason::kExportFailed,
                     fmt::format("chunk 0x{:x} was created without POSIX fd export", chunk.base));
     transport::ChunkGrant grant;
-    if (const CUresult r = FdForChunk(state, chunk, &grant.fd); r != CUDA_SUCCESS)
+    if (const CUresult r = FdForChunk(state.exporter, chunk, &grant.fd); r != CUDA_SUCCESS)
       return Refuse(transport::RefuseReason::kExportFailed,
                     fmt::format("cuMemExportToShareableHandle(0x{:x}) failed: {}", chunk.base,
                                 driver::ErrorName(r)));
@@ -168,7 +169,7 @@ transport::ServeReply ServeUntracked(const transport::ServeRequest& request) {
 
 transport::ServeReply ServeRun(const transport::ServeRequest& request) {
   ProcessState& state = State();
-  UseExportContext(state);
+  UseExportContext(state.exporter);
   std::vector<state::VmmMapping> run =
       state.exporter.mappings().Run(request.chunk_base, UINT64_MAX, kMaxChunksPerRun + 1);
   if (!run.empty()) return ServeTracked(state, request, std::move(run));
@@ -216,11 +217,11 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   // if it is still the generation the follower missed (on the listener's thread).
   options.resume_fd = [](uint64_t base, uint64_t generation) {
     ProcessState& state = State();
-    UseExportContext(state);
+    UseExportContext(state.exporter);
     ScopedFd fd;
     const std::optional<state::VmmMapping> mapping = state.exporter.mappings().Find(base);
     if (!mapping || mapping->base != base || mapping->generation != generation ||
-        !mapping->posix_fd_exportable || FdForChunk(state, *mapping, &fd) != CUDA_SUCCESS)
+        !mapping->posix_fd_exportable || FdForChunk(state.exporter, *mapping, &fd) != CUDA_SUCCESS)
       return ScopedFd();
     return fd;
   };
@@ -308,7 +309,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
                      handle.chunk_base, handle.chunk_size, handle.region_base});
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
-  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(state, chunk.base);
+  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(state.exporter, chunk.base);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -1,27 +1,14 @@
 // VMM memory queries through the real driver table.
-#include "core/vmm_memory.h"
+#include "core/export/vmm_memory.h"
 
 #include "common/log.h"
-#include "core/export_arena.h"
+#include "core/arena/export_arena.h"
+#include "core/device_memory.h"
 #include "core/process_state.h"
 #include "core/real.h"
 #include "driver/status.h"
 
 namespace vmmipc::core {
-
-int32_t DeviceOf(const CUmemAllocationProp* prop) {
-  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return -1;
-  return prop->location.id;
-}
-
-CUmemAllocationProp DeviceMemoryProp(int32_t device, bool posix_fd) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  if (posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return prop;
-}
 
 CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* region_end) {
   ArenaCarveInfo carve;

@@ -11,12 +11,12 @@
 #include "common/log_limit.h"
 #include "config/params.h"
 #include "core/follow.h"
-#include "core/ipc.h"
-#include "core/placement.h"
+#include "core/hooks.h"
+#include "core/import/placement.h"
 #include "core/process_state.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "core/zone_anchors.h"
+#include "core/import/zone_anchors.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/peer_client.h"
@@ -145,7 +145,7 @@ CUresult PlaceRun(ProcessState& state, const state::Vmm2Handle& h,
   if (h.rank_slot == state::kUnranked) {
     why_not = "the exporter has no rank slot (no rank variable, and none from its GPU)";
   } else {
-    const std::optional<state::ZoneLayout> zone = ImportZone(state);
+    const std::optional<state::ZoneLayout> zone = ImportZone(state.importer);
     std::optional<uint64_t> target;
     if (zone) target = state::ZoneTarget(*zone, h.rank_slot, h.region_base, run_base, run_size);
     if (!zone) {
@@ -286,7 +286,7 @@ CUresult MapNewChunks(ProcessState& state, const Placement& placement,
   CUresult result = CUDA_SUCCESS;
   // A page-table anchor where a chunk goes moves out of the way first.
   if (placement.zone_slot != state::kNotInZone &&
-      !ClearAnchorsFor(state, placement.zone_slot, mapped_now))
+      !ClearAnchorsFor(state.importer, placement.zone_slot, mapped_now))
     result = CUDA_ERROR_MAP_FAILED;
   size_t mapped_count = 0;
   for (; result == CUDA_SUCCESS && mapped_count < mapped_now.size(); ++mapped_count) {
@@ -518,7 +518,7 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);
   // Before the stretch's last chunk goes, so that its page tables stay.
-  AnchorBeforeUnmap(state, closed.to_unmap);
+  AnchorBeforeUnmap(state.importer, closed.to_unmap);
   for (const auto& chunk : closed.to_unmap) {
     if (chunk.paused) continue;  // its exporter paused it: nothing is mapped (follow)
     UnmapChunk(chunk.target, chunk.size);

@@ -1,6 +1,6 @@
 // Page-table anchors in the import zone: one allocation of the importer's
 // own per device, mapped into each stretch a close empties.
-#include "core/zone_anchors.h"
+#include "core/import/zone_anchors.h"
 
 #include <algorithm>
 #include <set>
@@ -8,10 +8,10 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "config/params.h"
-#include "core/placement.h"
+#include "core/device_memory.h"
+#include "core/import/placement.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "core/vmm_memory.h"
 #include "driver/status.h"
 #include "state/zone_anchors.h"
 
@@ -71,9 +71,9 @@ bool MapAnchor(const ImportSide::AnchorMemory& memory, uint64_t address, int32_t
 
 }  // namespace
 
-void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk>& chunks) {
+void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChunk>& chunks) {
   if (!config::Get().zone_anchors || chunks.empty()) return;
-  const std::optional<state::ZoneLayout> zone = state.importer.ReservedZone();
+  const std::optional<state::ZoneLayout> zone = importer.ReservedZone();
   if (!zone) return;
   std::set<AnchorKey> keys;
   for (const state::MappedChunk& chunk : chunks) {
@@ -90,7 +90,7 @@ void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk
       if (c.target < within.end && within.begin < c.target + c.size) device = c.device;
     std::vector<Span> busy;
     const bool wanted =
-        state.importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
+        importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
           if (anchors.Find(key)) return false;
           const std::vector<state::MappedChunk> left = table.ChunksIn(within.begin, within.end);
           if (std::any_of(left.begin(), left.end(), [](const auto& c) { return !c.paused; }))
@@ -100,12 +100,12 @@ void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk
         });
     if (!wanted || device < 0) continue;
     const std::optional<ImportSide::AnchorMemory> memory =
-        state.importer.AnchorMemoryFor(device, MakeAnchorMemory);
+        importer.AnchorMemoryFor(device, MakeAnchorMemory);
     if (!memory) return;
     busy.insert(busy.end(), unmapping.begin(), unmapping.end());  // still mapped now
     const std::optional<uint64_t> spot = state::FreeSpot(within, memory->size, busy);
     if (!spot || !MapAnchor(*memory, *spot, device)) continue;
-    state.importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
       anchors.Set(key, {*spot, memory->size, device});
     });
     stats::Count(stats::Counter::kZoneAnchorsMapped);
@@ -114,17 +114,17 @@ void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk
   }
 }
 
-bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
+bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
                      const std::vector<state::MappedChunk>& chunks) {
   if (!config::Get().zone_anchors || chunks.empty()) return true;
-  const std::optional<state::ZoneLayout> zone = state.importer.ReservedZone();
+  const std::optional<state::ZoneLayout> zone = importer.ReservedZone();
   if (!zone || slot >= zone->slots) return true;
   const std::vector<Span> mapping = SpansOf(chunks);
   for (const AnchorKey& key : AnchorKeysOf(*zone, slot, chunks)) {
     const Span within = state::StretchInSlot(key.stretch, SlotSpan(*zone, slot));
     std::optional<state::Anchor> anchor;
     std::vector<Span> busy;
-    state.importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
       anchor = anchors.Find(key);
       if (anchor) busy = SpansOf(table.ChunksIn(within.begin, within.end));
     });
@@ -138,7 +138,7 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
     busy.insert(busy.end(), mapping.begin(), mapping.end());
     busy.push_back(spot_now);
     const std::optional<ImportSide::AnchorMemory> memory =
-        state.importer.AnchorMemoryFor(anchor->device, MakeAnchorMemory);
+        importer.AnchorMemoryFor(anchor->device, MakeAnchorMemory);
     bool moved = false;
     uint64_t moved_to = 0;
     if (memory) {
@@ -159,7 +159,7 @@ bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
                       anchor->address, anchor->size, driver::ErrorName(unmapped));
       return false;
     }
-    state.importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
       if (moved)
         anchors.Set(key, {moved_to, anchor->size, anchor->device});
       else

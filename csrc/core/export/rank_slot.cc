@@ -1,5 +1,5 @@
 // Rank slots: from the rank variable, else from the GPU, cached per device.
-#include "core/rank_slot.h"
+#include "core/export/rank_slot.h"
 
 #include <mutex>
 

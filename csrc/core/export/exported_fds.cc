@@ -1,6 +1,6 @@
 // The driver side of the exported-fd cache (state/vmm_mappings.h keeps the
 // fds): an fd for a tracked chunk, a dup of the cached one, or exported once.
-#include "core/exported_fds.h"
+#include "core/export/exported_fds.h"
 
 #include <sys/resource.h>
 
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/export_warmup.h"
+#include "core/export/export_warmup.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -34,22 +34,22 @@ CUresult ExportAt(uint64_t base, ScopedFd* fd) {
 
 // An fd for one tracked chunk: a dup of the cached export when there is one
 // (no driver call), else a fresh export that is cached for the next grant.
-CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedFd* fd) {
-  *fd = state.exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
+CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, ScopedFd* fd) {
+  *fd = exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
   }
   // Once per process, before the first export and outside the stripes (it
   // makes an allocation and exports it): the export anchor.
-  WarmUpBeforeFirstExport(state, chunk.device);
+  WarmUpBeforeFirstExport(exporter, chunk.device);
   // Two answers missing the same chunk at once (peers opening together, or
   // the export ahead) would export it twice: one export per chunk, the
   // second waits and takes a dup. Striped by chunk address; never held
   // across anything but this chunk's export.
   static std::mutex export_stripes[16];
   std::lock_guard<std::mutex> stripe(export_stripes[(chunk.base >> 21) % 16]);
-  *fd = state.exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
+  *fd = exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);
     return CUDA_SUCCESS;
@@ -57,29 +57,20 @@ CUresult FdForChunk(ProcessState& state, const state::VmmMapping& chunk, ScopedF
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
-  *fd = state.exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
+  *fd = exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
                                           &evicted);
   if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
   return CUDA_SUCCESS;
 }
 
-// A quarter of RLIMIT_NOFILE at most: the host needs the rest.
-size_t FdCacheLimit(int64_t configured) {
-  rlimit limit{};
-  size_t cap = static_cast<size_t>(configured);
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
-    cap = std::min<size_t>(cap, std::max<rlim_t>(limit.rlim_cur / 4, 1));
-  return std::max<size_t>(cap, 1);
-}
-
 // Runs on a listener worker. It has no context of its own: use the one the
 // first export ran in, once per thread (export works without one, measured,
 // but the range queries were not measured that way).
-void UseExportContext(const ProcessState& state) {
+void UseExportContext(const ExportSide& exporter) {
   static thread_local bool context_set = false;
-  if (!context_set && state.exporter.export_context() != nullptr) {
+  if (!context_set && exporter.export_context() != nullptr) {
     context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.exporter.export_context())) ==
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(exporter.export_context())) ==
         CUDA_SUCCESS;
   }
 }

@@ -3,14 +3,16 @@
 // dup instead of waiting for the export, and the export does not run while
 // peers import (measured: an export beside a peer's imports doubles their
 // driver time).
-#include "core/export_ahead.h"
+#include "core/export/export_ahead.h"
 
 #include <optional>
 #include <vector>
 
 #include "common/log.h"
 #include "config/params.h"
-#include "core/exported_fds.h"
+#include "core/export/exported_fds.h"
+#include "core/export/fd_cache_limit.h"
+#include "core/process_state.h"
 
 namespace vmmipc::core {
 namespace {
@@ -21,11 +23,11 @@ namespace {
 // set-up. Frameworks get every handle, exchange them, then open: the exports
 // run while the handles travel.
 void ExportAhead(uint64_t address) {
-  ProcessState& state = State();
-  std::optional<state::VmmMapping> chunk = state.exporter.mappings().Find(address);
+  ExportSide& exporter = State().exporter;
+  std::optional<state::VmmMapping> chunk = exporter.mappings().Find(address);
   if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
   ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
-  if (FdForChunk(state, *chunk, &fd) != CUDA_SUCCESS)
+  if (FdForChunk(exporter, *chunk, &fd) != CUDA_SUCCESS)
     VMMIPC_LOG_DEBUG(
         "exporting 0x{:x} ahead of its first request failed; it will be exported "
         "when asked",
@@ -34,31 +36,31 @@ void ExportAhead(uint64_t address) {
 
 // Exports every queued chunk, then lets the next get post a new drain.
 void DrainExportAhead() {
-  ProcessState& state = State();
-  UseExportContext(state);
+  ExportSide& exporter = State().exporter;
+  UseExportContext(exporter);
   std::vector<uint64_t> batch;
-  while (state.exporter.TakeExportAhead(&batch))
+  while (exporter.TakeExportAhead(&batch))
     for (uint64_t address : batch) ExportAhead(address);
 }
 
 }  // namespace
 
-void QueueExportAhead(ProcessState& state, uint64_t address) noexcept {
-  if (!state.exporter.QueueExportAhead(address)) return;
+void QueueExportAhead(ExportSide& exporter, uint64_t address) noexcept {
+  if (!exporter.QueueExportAhead(address)) return;
   try {
-    state.exporter.listener().Post(DrainExportAhead);
+    exporter.listener().Post(DrainExportAhead);
   } catch (...) {
-    state.exporter.DropExportAhead();
+    exporter.DropExportAhead();
   }
 }
 
 // Only while the cache is under half full: exports no one asked for yet never
 // evict the fds of chunks that were asked for.
-void ExportAheadOfMap(ProcessState& state, uint64_t base) noexcept {
-  if (!state.exporter.listener_ready()) return;  // never shared: nothing to prepare for
+void ExportAheadOfMap(ExportSide& exporter, uint64_t base) noexcept {
+  if (!exporter.listener_ready()) return;  // never shared: nothing to prepare for
   const size_t limit = FdCacheLimit(config::Get().export_fd_cache);
-  if (state.exporter.mappings().cached_fd_count() >= limit / 2) return;
-  QueueExportAhead(state, base);
+  if (exporter.mappings().cached_fd_count() >= limit / 2) return;
+  QueueExportAhead(exporter, base);
 }
 
 }  // namespace vmmipc::core

@@ -1,7 +1,8 @@
-// The IPC semantics behind the hooked entry points. entry turns C calls into
-// these, inside a noexcept boundary; each returns the CUresult the caller sees.
-// entry calls them (and core/export_arena.h's) only when Active(): otherwise
-// the call goes straight to the real driver, so they never check it again.
+// The core functions behind the hooked entry points (driver/entry_points.h
+// names each), the one header entry includes besides core/real.h. entry turns
+// C calls into these, inside a noexcept boundary; each returns the CUresult the
+// caller sees. entry calls them only when Active(): otherwise the call goes
+// straight to the real driver, so they never check it again.
 #pragma once
 
 #include <cuda.h>
@@ -37,6 +38,11 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size);
 CUresult PointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer);
 CUresult PointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
                               CUdeviceptr pointer);
+// The export arena (core/arena/export_arena.cc).
+CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
+                           unsigned long long flags);
+CUresult MemAddressFree(CUdeviceptr pointer, size_t size);
+
 CUresult MemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr pointer);
 // The 32-bit v1 ABI cannot address VMM memory: straight to the driver.
 CUresult MemGetAddressRangeV1(unsigned int* base, unsigned int* size, unsigned int pointer);

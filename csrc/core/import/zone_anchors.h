@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/process_state.h"
+#include "core/import/import_side.h"
 #include "state/import_table.h"
 
 namespace vmmipc::core {
@@ -15,13 +15,13 @@ namespace vmmipc::core {
 // Before a close unmaps `chunks` (already out of the import table), under
 // their slot's placement lock: anchors each stretch of the zone that they
 // leave without a mapped chunk (VMMIPC_ZONE_ANCHORS).
-void AnchorBeforeUnmap(ProcessState& state, const std::vector<state::MappedChunk>& chunks);
+void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChunk>& chunks);
 
 // Before an open maps `chunks` in zone slot `slot`, under its placement lock:
 // moves every anchor of the slot that lies where one of them goes (or drops
 // it when its stretch has no other free spot). False, logged, when such an
 // anchor could not be unmapped: the open's map would fail over it.
-bool ClearAnchorsFor(ProcessState& state, uint32_t slot,
+bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
                      const std::vector<state::MappedChunk>& chunks);
 
 }  // namespace vmmipc::core

@@ -1,5 +1,5 @@
 // Import-zone reservation and chunk mapping through the real driver.
-#include "core/placement.h"
+#include "core/import/placement.h"
 
 #include <initializer_list>
 
@@ -59,8 +59,8 @@ std::optional<state::ZoneLayout> ReserveZone() {
 
 }  // namespace
 
-std::optional<state::ZoneLayout> ImportZone(ProcessState& state) {
-  return state.importer.Zone(ReserveZone);
+std::optional<state::ZoneLayout> ImportZone(ImportSide& importer) {
+  return importer.Zone(ReserveZone);
 }
 
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base) {
