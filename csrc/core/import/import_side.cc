@@ -14,6 +14,75 @@ std::optional<uint64_t> ImportSide::Reopen(const state::OpenKey& key) {
   return WithTable([&](state::ImportTable& table) { return table.Reopen(key); });
 }
 
+std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const state::OpenKey& key, uint64_t in_flight,
+                                                    std::vector<state::FollowEvent>* missed,
+                                                    bool* overflowed) {
+  return WithTable([&](state::ImportTable& table) -> std::optional<uint64_t> {
+    *overflowed = false;
+    if (in_flight != 0) *missed = in_flight_.End(in_flight, overflowed);
+    return table.Reopen(key);
+  });
+}
+
+ImportSide::ClaimResult ImportSide::ClaimRun(uint32_t slot, const state::ExporterId& exporter,
+                                             uint64_t target, uint64_t pointer,
+                                             const std::vector<state::FetchedChunk>& run,
+                                             int32_t device, RunPlan* plan) {
+  const uint64_t run_base = run.front().address;
+  const uint64_t run_size = run.back().address + run.back().size - run_base;
+  return WithTable([&](state::ImportTable& table) {
+    ClaimResult result;
+    if (slot != state::kNotInZone) {
+      if (std::optional<state::ExporterId> owner = table.SlotOwner(slot);
+          owner && *owner != exporter) {
+        result.claim = Claim::kCollision;
+        result.owner_pid = owner->pid;
+        result.repeat = !table.FirstCollision(slot, exporter.pid);
+        return result;
+      }
+      for (const state::FetchedChunk& chunk : run) {
+        if (table.Probe(target + (chunk.address - run_base), chunk.size, exporter, chunk.address,
+                        chunk.generation) == state::ChunkProbe::kConflict) {
+          result.claim = Claim::kOccupied;
+          return result;
+        }
+      }
+    }
+    // Another handle's open returned this pointer for another run (only
+    // possible after a followed resume changed what lies there).
+    if (table.UseOf(pointer, target, run_size) == state::PointerUse::kOtherRun) {
+      result.claim = Claim::kOtherRun;
+      return result;
+    }
+    *plan = {};
+    for (const state::FetchedChunk& chunk : run) {
+      const state::MappedChunk mapped{target + (chunk.address - run_base),
+                                      chunk.size,
+                                      exporter,
+                                      chunk.address,
+                                      chunk.generation,
+                                      0,
+                                      device,
+                                      chunk.paused};
+      plan->targets.push_back(mapped.target);
+      if (table.Probe(mapped.target, mapped.size, exporter, mapped.exporter_address,
+                      mapped.generation) == state::ChunkProbe::kSame)
+        continue;  // an earlier open mapped it already: shared, reference counted
+      plan->mapped_now.push_back(mapped);
+      plan->fd_to_map.push_back(chunk.paused ? -1 : chunk.fd);
+    }
+    return result;
+  });
+}
+
+bool ImportSide::KeyToClose(uint64_t pointer, std::optional<state::OpenKey>* key) {
+  return WithTable([&](state::ImportTable& table) {
+    if (table.open_count() == 0) return false;
+    *key = table.KeyOf(pointer);
+    return true;
+  });
+}
+
 void ImportSide::AddOpen(const std::vector<state::MappedChunk>& mapped, state::OpenRecord record) {
   WithTable([&](state::ImportTable& table) {
     for (const state::MappedChunk& chunk : mapped) table.AddChunk(chunk);

@@ -72,6 +72,43 @@ class ImportSide {
 
   // The same handle opened again: one more open of its pointer.
   std::optional<uint64_t> Reopen(const state::OpenKey& key);
+  // After an open's fetch, under its run's placement lock, in one hold of the
+  // import lock: the pointer when another thread opened the same handle
+  // meanwhile; else nullopt and the follow events that came for the open in
+  // flight `in_flight` (from BeginOpen; 0: none), `*overflowed` when more came
+  // than its log holds. Ends the open in flight either way.
+  std::optional<uint64_t> ReopenOrEndOpen(const state::OpenKey& key, uint64_t in_flight,
+                                          std::vector<state::FollowEvent>* missed,
+                                          bool* overflowed);
+
+  // The chunks one open maps, and the targets its record holds.
+  struct RunPlan {
+    std::vector<state::MappedChunk> mapped_now;  // not mapped here yet: this open maps them
+    std::vector<int> fd_to_map;                  // per mapped_now; -1: paused, nothing to map
+    std::vector<uint64_t> targets;               // every chunk of the run, ascending
+  };
+  enum class Claim {
+    kPlanned,    // `plan` says what to map
+    kCollision,  // the zone slot serves another exporter (`owner_pid`)
+    kOccupied,   // the run's range in the slot holds other memory (a stale chunk, say)
+    kOtherRun,   // an open of another run of the exporter returned `pointer`
+  };
+  struct ClaimResult {
+    Claim claim = Claim::kPlanned;
+    uint32_t owner_pid = 0;
+    bool repeat = false;  // the collision of this (slot, pid) was reported before
+  };
+  // Decides, in one hold of the import lock, whether `run` can go to `target`
+  // in zone slot `slot` (kNotInZone: a reservation of the open's own, no slot
+  // to check), and plans it: chunks already mapped there (an earlier open of
+  // the same memory) are shared, reference counted. Caller holds the slot's
+  // placement lock.
+  ClaimResult ClaimRun(uint32_t slot, const state::ExporterId& exporter, uint64_t target,
+                       uint64_t pointer, const std::vector<state::FetchedChunk>& run,
+                       int32_t device, RunPlan* plan);
+  // For a close: false when nothing is open here (the pointer is the driver's);
+  // else the key of the open that returned `pointer`, if one did.
+  bool KeyToClose(uint64_t pointer, std::optional<state::OpenKey>* key);
   // Records a mapped open: its newly mapped chunks, then the open itself.
   void AddOpen(const std::vector<state::MappedChunk>& mapped, state::OpenRecord record);
   // One close of `pointer` (state::ImportTable::Close).

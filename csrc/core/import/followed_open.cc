@@ -1,0 +1,84 @@
+// Follow's part in one open: the watch it asks for, its place among the opens
+// in flight, and the catch-up on what its exporter did during the fetch.
+#include "core/import/followed_open.h"
+
+#include <vector>
+
+#include "core/follow.h"
+#include "core/stats.h"
+
+namespace vmmipc::core {
+namespace {
+
+// The fetched run as the open will place it, after what its exporter paused
+// and resumed while it was fetched.
+std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEvent>& missed,
+                                             const Opening& open) {
+  std::vector<state::FetchedChunk> run;
+  for (const transport::ChunkGrant& grant : open.fetched.chunks)
+    run.push_back({grant.address, grant.size, static_cast<uint32_t>(grant.generation),
+                   grant.fd.get(), false, false, nullptr});
+  if (missed.empty()) return run;
+  state::ApplyFollowEvents(missed, &run);
+  for (const state::FetchedChunk& chunk : run) {
+    if (chunk.paused) stats::Count(stats::Counter::kFollowPauses);
+    if (chunk.refused) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      OpenWarning(
+          log::Level::kWarn,
+          "follow: pid {} resumed 0x{:x} with other memory while it was being opened here; not "
+          "mapped: the range stays unmapped until it is closed",
+          open.handle.pid, chunk.address);
+    }
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} paused or resumed {} time(s) while 0x{:x} was opened here",
+                   open.handle.pid, missed.size(), open.handle.address);
+  return run;
+}
+
+}  // namespace
+
+FollowedOpen::FollowedOpen(ProcessState& state, const state::Vmm2Handle& handle)
+    : state_(state), exporter_{handle.pid, handle.instance}, follower_(FollowerId(state)) {
+  if (follower_ == 0) return;
+  watch_ = StartWatch(state, handle.pid, handle.instance);
+  in_flight_ =
+      state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(handle.rank_slot, handle.pid));
+}
+
+FollowedOpen::~FollowedOpen() {
+  bool overflowed = false;
+  if (in_flight_ != 0) state_.importer.EndOpen(in_flight_, &overflowed);
+  if (watch_) EndWatch(state_, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
+}
+
+CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened) {
+  const state::Vmm2Handle& h = open->handle;
+  std::vector<state::FollowEvent> missed;
+  bool overflowed = false;
+  *reopened = state_.importer.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed);
+  in_flight_ = 0;
+  if (*reopened) return CUDA_SUCCESS;
+  if (overflowed) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    OpenWarning(
+        log::Level::kWarn,
+        "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter paused and resumed its memory more "
+        "than {} times while it was opened; try again",
+        h.pid, h.address, state::InFlightOpens::kMaxEvents);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  if (state::AnyUnfollowed(missed)) {
+    stats::Count(stats::Counter::kOpenFailedMap);
+    VMMIPC_LOG_WARN(
+        "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter stopped following this process while "
+        "it was opened (it missed too much, or its watch connection broke): nothing mapped; try "
+        "again",
+        h.pid, h.address);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  open->run = ApplyMissed(missed, *open);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vmmipc::core

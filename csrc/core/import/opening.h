@@ -1,0 +1,103 @@
+// One cuIpcOpenMemHandle of a VMM2 handle as named steps over one struct:
+// decode (the handle and the call's arguments), fetch (the run's chunks and
+// their fds from the exporter), catch up (what the exporter paused and resumed
+// meanwhile: follow), place (where the run goes), map, record. Each step fills
+// in its part of `Opening` and returns what the open returns when it ends the
+// open there. core/import/ipc_import.cc runs them in that order; the locks
+// each step takes are said at the step.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "common/elapsed.h"
+#include "common/log.h"
+#include "common/log_limit.h"
+#include "core/import/import_side.h"
+#include "state/handle_codec.h"
+#include "state/import_table.h"
+#include "state/in_flight_opens.h"
+#include "transport/peer_client.h"
+
+namespace vmmipc::core {
+
+class FollowedOpen;
+struct ProcessState;
+
+// Where a run goes: its zone slot, or a private reservation of its own.
+struct Placement {
+  uint64_t run_target = 0;                 // importer address of the run's first byte
+  uint32_t zone_slot = state::kNotInZone;  // the slot it went to, if in the zone
+  uint64_t private_reservation = 0;        // non-zero for best-effort placement
+  uint64_t private_size = 0;
+};
+
+struct Opening {
+  // decode
+  state::Vmm2Handle handle;
+  state::OpenKey key;
+  CUdevice device = 0;
+  // fetch
+  transport::FetchResult fetched;  // the run, each chunk with its fd
+  int64_t fetch_us = 0;
+  // catch up: the run as it will be mapped (generations after the exporter's
+  // pauses and resumes during the fetch, paused chunks without an fd)
+  std::vector<state::FetchedChunk> run;
+  // place
+  Placement placement;
+  ImportSide::RunPlan plan;  // the chunks this open maps, and the record's
+  int64_t place_us = 0;
+  // map
+  SteadyClock::time_point map_start;
+  int64_t import_and_map_us = 0;
+
+  uint64_t run_base() const { return run.front().address; }
+  uint64_t run_size() const { return run.back().address + run.back().size - run_base(); }
+  // The importer address of exactly the handle's address.
+  uint64_t pointer() const { return placement.run_target + (handle.address - run_base()); }
+};
+
+// The open's warnings, one or two per call, are rate-limited: an
+// application may retry a failing open in a loop (455,000 lines in 8 s
+// before), or open and close in one. What the open returns does not change;
+// VMMIPC_STATS counts every failure by cause.
+log::LineLimit& OpenLines();
+template <typename... Args>
+void OpenWarning(log::Level level, fmt::format_string<Args...> format, Args&&... args) {
+  log::LogLimited(OpenLines(), level, "cuIpcOpenMemHandle", "warnings", format,
+                  std::forward<Args>(args)...);
+}
+
+// decode: the handle, the flags, not our own handle, a current context. A
+// handle that is not VMM2 (or fails its checksum) goes to the real driver.
+// nullopt: go on; else what the open returns. No lock.
+std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& raw,
+                                   unsigned int flags, bool v2, Opening* open);
+
+// fetch: the run from the exporter, checked to start at the handle's chunk
+// and to be contiguous. Holds no lock: a stopped or slow exporter delays only
+// the opens of its own handles, each bounded by VMMIPC_TIMEOUT_MS.
+CUresult FetchRun(const FollowedOpen& followed, Opening* open);
+
+// place: the run's zone slot when the exporter is ranked, the slot serves no
+// other exporter, the run fits it and nothing else is mapped there (a stale
+// chunk of an earlier generation counts as something else: never aliased);
+// else a private reservation (best-effort, one line why). Plans the chunks to
+// map in the same hold of the import lock. Caller holds the run's placement
+// lock.
+CUresult PlaceRun(ImportSide& importer, Opening* open);
+
+// map: the planned chunks (a paused one waits for its resume), with access
+// for the open's device, one cuMemSetAccess per contiguous stretch; a
+// page-table anchor in the way moves first. On failure nothing of them stays
+// mapped and a private reservation is freed. Caller holds the placement lock.
+CUresult MapRun(ImportSide& importer, Opening* open);
+
+// record: the open in the import table, its stats, the watch connection the
+// fetch brought (follow), and its debug line. Caller holds the placement lock.
+void RecordOpen(ProcessState& state, Opening* open);
+
+}  // namespace vmmipc::core
