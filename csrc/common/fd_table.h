@@ -3,9 +3,9 @@
 // when an fd is opened past its end. In a process of more than one thread
 // (every CUDA process) each growth waits for an RCU grace period
 // (expand_fdtable calls synchronize_rcu() when the table is shared), and every
-// other thread that needs an fd past the end meanwhile waits with it: 4-7 ms a
-// growth on the H200 hosts (kernel 6.18), measured as single exports that took
-// that long when the process's 64th and 128th fds were opened. An exporter
+// other thread that needs an fd past the end meanwhile waits with it
+// (docs/driver-behaviour.md#fd-table-growth: measured as single exports that
+// took milliseconds when the process's 64th and 128th fds were opened). An exporter
 // keeps up to VMMIPC_EXPORT_FD_CACHE exported fds and an importer receives one
 // per chunk of a run, so both would pay it several times, in the middle of an
 // open. In a process of one thread the same growth waits for nothing (a few

@@ -92,7 +92,8 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
       for (const state::VmmMapping& record : taken.records) FollowMap(state, record);
   }
   // The cached exported fds close here, outside the table's lock. The last
-  // one of the process may cost the driver's export teardown (~550 us).
+  // one of the process may cost the driver's export teardown
+  // (docs/driver-behaviour.md#export-cliff).
   return result;
 }
 

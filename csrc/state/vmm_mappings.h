@@ -8,9 +8,9 @@
 // mapping, made on the first request for it and dup()ed for every grant, so
 // that N importers of one chunk cost one export, and so that the process
 // always holds a live exported fd while it serves (the driver sets up its
-// export state, ~600 us, when the process's count of live exported fds goes
-// from 0 to 1, and tears it down, ~550 us inside close(), when it returns to
-// 0). A cached fd lives exactly as long as its mapping's record: the record
+// export state when the process's count of live exported fds goes from 0 to
+// 1, and tears it down inside close() when it returns to 0:
+// docs/driver-behaviour.md#export-cliff). A cached fd lives exactly as long as its mapping's record: the record
 // is taken out before the driver unmaps, and the fd is closed by whoever took
 // it, never under the lock.
 //

@@ -2,8 +2,8 @@
 //
 // The driver frees a GPU's page table of a 512 MiB stretch of address space
 // with the last mapping in it, and the next cuMemSetAccess there builds it
-// again: 15-25 us more per open on an H200 (driver 580), ~10 us of it for
-// the table above (256 GiB), which the stretch's mapping keeps too; a mapping
+// again (docs/driver-behaviour.md#page-tables), the table above (256 GiB)
+// too, which the stretch's mapping keeps as well; a mapping
 // of anything elsewhere in the same 512 MiB keeps them. Imported chunks land
 // in the zone at their exporter's offsets, often alone in their 512 MiB, so
 // every open after the last close of a stretch paid that. An anchor is one

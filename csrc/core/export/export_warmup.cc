@@ -1,9 +1,9 @@
 // At the first export: the export anchor.
 //
 // The driver sets up per-process export state when the process's count of
-// live exported fds goes from 0 to 1 (~600 us, paid by that export) and tears
-// it down when the count returns to 0 (~550 us, inside the last close()). The
-// exported-fd cache keeps a chunk's fd only while the chunk is mapped, so a
+// live exported fds goes from 0 to 1 (paid by that export) and tears it down
+// when the count returns to 0 (inside the last close()): the export cliff,
+// docs/driver-behaviour.md#export-cliff. The exported-fd cache keeps a chunk's fd only while the chunk is mapped, so a
 // process whose exported memory was all unmapped (a framework freeing between
 // phases, a memory saver's pause) paid both again: the unmap that closed the
 // last fd, then its next export. One exported fd of an allocation nobody maps,
@@ -14,7 +14,7 @@
 // stay once its first share is answered. The fd table is no longer grown
 // here: it was grown at load time (core/load_time.h), while the process had
 // one thread. Here, in a multi-threaded process, the growth would wait for an
-// RCU grace period (4-7 ms on the H200 hosts) on the first open's path, and
+// RCU grace period (docs/driver-behaviour.md#fd-table-growth) on the first open's path, and
 // for a library loaded late (dlopen'ed into a process that already runs
 // threads) no thread is off every open's path at this point: such a process's
 // table grows as fds are opened, as it would without vmmipc.
@@ -81,8 +81,9 @@ void SayWarmedUp(const char* anchored) {
 
 void WarmUpBeforeFirstExport(ExportSide& exporter, int32_t device) noexcept {
   exporter.WarmUpOnce([&exporter, device] {
-    // The anchor first: its export pays the driver's set-up (~600 us) that
-    // this first export would have paid, so the chunk's own costs ~35 us.
+    // The anchor first: its export pays the driver's set-up that this first
+    // export would have paid, so the chunk's own is an ordinary export
+    // (docs/driver-behaviour.md#export-cliff).
     const bool wanted = config::Get().export_anchor && device >= 0;
     const char* anchored = !wanted ? "off" : MakeExportAnchor(exporter, device) ? "kept" : "none";
     SayWarmedUp(anchored);

@@ -25,8 +25,8 @@ void FreeReservation(uint64_t base, uint64_t size);
 CUresult MapChunk(int fd, uint64_t target, uint64_t size);
 // Opens [target, target + size), one or more mapped chunks back to back, for
 // `device` with one driver call. The driver's cost is per chunk covered all
-// the same (~25 us each on an H200: 52 chunks of 20 MiB took 1.2-1.7 ms in
-// one call), so one call per stretch saves only the calls' own overhead.
+// the same (docs/driver-behaviour.md#set-access-per-chunk), so one call per
+// stretch saves only the calls' own overhead.
 CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device);
 void UnmapChunk(uint64_t target, uint64_t size);
 
