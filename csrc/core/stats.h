@@ -9,15 +9,39 @@
 #include <cstdint>
 #include <string>
 
-#include "transport/chunk_grant.h"
-#include "transport/peer_client.h"
+namespace vmmipc::transport {
+enum class RefuseReason : uint16_t;  // transport/chunk_grant.h
+enum class FetchStatus;              // transport/peer_client.h
+}  // namespace vmmipc::transport
 
 namespace vmmipc::core::stats {
 
-// X(enumerator, "name in the report"). The counters of the refusal reasons
-// and of the failed fetches come from their declarations
-// (transport/chunk_grant.h, transport/peer_client.h), through X_REFUSAL and
-// X_FETCH, which every user of this list defines beside X (as the enum below).
+// The counters of transport's two enums, one per enumerator, in report order:
+// a refusal this process's listener sent, and an open whose fetch failed.
+// transport names its values; what they count as here is core's.
+// X(transport enumerator, counter, "counter name"). The switches in stats.cc
+// come from these lists and fail the build when transport declares a value
+// that is missing here.
+#define VMMIPC_STATS_REFUSALS(X)                                      \
+  X(kBadToken, kRefusedBadToken, "refused_bad_token")                 \
+  X(kWrongUser, kRefusedWrongUser, "refused_wrong_user")              \
+  X(kNotExported, kRefusedNotExported, "refused_not_exported")        \
+  X(kFreed, kRefusedFreed, "refused_freed")                           \
+  X(kExportFailed, kRefusedExportFailed, "refused_export_failed")     \
+  X(kTooManyChunks, kRefusedTooManyChunks, "refused_too_many_chunks") \
+  X(kInternal, kRefusedInternal, "refused_internal")                  \
+  X(kBadRequest, kRefusedBadRequest, "refused_bad_request")
+#define VMMIPC_STATS_FETCH_FAILURES(X)                               \
+  X(kNoExporter, kOpenFailedNoExporter, "open_failed_no_exporter")   \
+  X(kTimeout, kOpenFailedTimeout, "open_failed_timeout")             \
+  X(kRefused, kOpenFailedRefused, "open_failed_refused")             \
+  X(kUnauthentic, kOpenFailedUnauthentic, "open_failed_unauthentic") \
+  X(kProtocolError, kOpenFailedProtocol, "open_failed_protocol")     \
+  X(kNoResources, kOpenFailedNoResources, "open_failed_no_resources")
+
+// X(enumerator, "name in the report"). The two lists above come in through
+// X_MAPPED(transport enumerator, enumerator, "name"), which every user of
+// this list defines beside X (as the enum below).
 #define VMMIPC_STATS_COUNTERS(X)                            \
   /* Exporter: cuIpcGetMemHandle on VMM memory. */          \
   X(kHandlesExported, "handles_exported")                   \
@@ -32,7 +56,7 @@ namespace vmmipc::core::stats {
   X(kFdCacheEvictions, "fd_cache_evictions")                \
   X(kExportAnchors, "export_anchors")                       \
   X(kFdsSent, "fds_sent")                                   \
-  VMMIPC_REFUSE_REASONS(X##_REFUSAL)                        \
+  VMMIPC_STATS_REFUSALS(X##_MAPPED)                         \
   X(kConnectionsDropped, "connections_dropped")             \
   X(kConnectionsReaped, "connections_reaped")               \
   /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */ \
@@ -56,19 +80,17 @@ namespace vmmipc::core::stats {
   X(kFollowResumes, "follow_resumes")                       \
   X(kFollowResumeRefused, "follow_resume_refused")          \
   /* Importer: why an open of a VMM2 handle failed. */      \
-  VMMIPC_FETCH_FAILURES(X##_FETCH)                          \
+  VMMIPC_STATS_FETCH_FAILURES(X##_MAPPED)                   \
   X(kOpenFailedMap, "open_failed_map")                      \
   X(kOpenFailedBadHandle, "open_failed_bad_handle")         \
   X(kOpenFailedInvalid, "open_failed_invalid")
 
 enum class Counter : int {
 #define VMMIPC_STATS_ENUM(id, name) id,
-#define VMMIPC_STATS_ENUM_REFUSAL(id, value, name, counter, counter_name) counter,
-#define VMMIPC_STATS_ENUM_FETCH(id, name, counter, counter_name) counter,
+#define VMMIPC_STATS_ENUM_MAPPED(from, id, name) id,
   VMMIPC_STATS_COUNTERS(VMMIPC_STATS_ENUM)
 #undef VMMIPC_STATS_ENUM
-#undef VMMIPC_STATS_ENUM_REFUSAL
-#undef VMMIPC_STATS_ENUM_FETCH
+#undef VMMIPC_STATS_ENUM_MAPPED
       kCount
 };
 

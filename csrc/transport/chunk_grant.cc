@@ -7,8 +7,8 @@ const char* RefuseReasonName(RefuseReason reason) {
   switch (reason) {
     case RefuseReason::kNone:
       return "none";
-#define VMMIPC_REFUSE_NAME(id, value, name, counter, counter_name) \
-  case RefuseReason::id:                                           \
+#define VMMIPC_REFUSE_NAME(id, value, name) \
+  case RefuseReason::id:                    \
     return name;
       VMMIPC_REFUSE_REASONS(VMMIPC_REFUSE_NAME)
 #undef VMMIPC_REFUSE_NAME

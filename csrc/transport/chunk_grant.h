@@ -19,32 +19,32 @@ struct ChunkGrant {
 };
 
 // Why an exporter refused a request; travels on the wire as a u16. Declared
-// once here: the enum, its log name and its VMMIPC_STATS counter
-// (core/stats.h) come from this list; the CUresult an importer returns for
-// each is core's (core/ipc_import.cc, a switch that fails the build when a
-// reason is missing).
-// X(enumerator, wire value, "name in log lines", stats counter, "counter name")
+// once here: the enum and its log name come from this list. What each means
+// to the library is core's: the CUresult an importer returns
+// (core/ipc_import.cc) and the VMMIPC_STATS counter (core/stats.h), both
+// switches that fail the build when a reason is missing.
+// X(enumerator, wire value, "name in log lines")
 #define VMMIPC_REFUSE_REASONS(X)                                                             \
   /* The request MAC did not verify: a stale handle (pid reuse), an edited or forged one. */ \
-  X(kBadToken, 1, "bad token", kRefusedBadToken, "refused_bad_token")                        \
+  X(kBadToken, 1, "bad token")                                                               \
   /* SO_PEERCRED uid differs from the exporter's. */                                         \
-  X(kWrongUser, 2, "wrong user", kRefusedWrongUser, "refused_wrong_user")                    \
+  X(kWrongUser, 2, "wrong user")                                                             \
   /* The address was never given to cuIpcGetMemHandle here. */                               \
-  X(kNotExported, 3, "not exported", kRefusedNotExported, "refused_not_exported")            \
+  X(kNotExported, 3, "not exported")                                                         \
   /* The memory is no longer mapped, or was re-created (generation changed). */              \
-  X(kFreed, 4, "freed", kRefusedFreed, "refused_freed")                                      \
+  X(kFreed, 4, "freed")                                                                      \
   /* The driver refused to export a chunk. */                                                \
-  X(kExportFailed, 5, "export failed", kRefusedExportFailed, "refused_export_failed")        \
+  X(kExportFailed, 5, "export failed")                                                       \
   /* The span has more chunks than the protocol allows. */                                   \
-  X(kTooManyChunks, 6, "too many chunks", kRefusedTooManyChunks, "refused_too_many_chunks")  \
+  X(kTooManyChunks, 6, "too many chunks")                                                    \
   /* Anything else on the exporter's side. */                                                \
-  X(kInternal, 7, "internal error", kRefusedInternal, "refused_internal")                    \
+  X(kInternal, 7, "internal error")                                                          \
   /* A malformed or unknown-version request. */                                              \
-  X(kBadRequest, 8, "bad request", kRefusedBadRequest, "refused_bad_request")
+  X(kBadRequest, 8, "bad request")
 
 enum class RefuseReason : uint16_t {
   kNone = 0,
-#define VMMIPC_REFUSE_ENUM(id, value, name, counter, counter_name) id = value,
+#define VMMIPC_REFUSE_ENUM(id, value, name) id = value,
   VMMIPC_REFUSE_REASONS(VMMIPC_REFUSE_ENUM)
 #undef VMMIPC_REFUSE_ENUM
 };

@@ -53,8 +53,8 @@ const char* FetchStatusName(FetchStatus status) {
   switch (status) {
     case FetchStatus::kOk:
       return "ok";
-#define VMMIPC_FETCH_NAME(id, name, counter, counter_name) \
-  case FetchStatus::id:                                    \
+#define VMMIPC_FETCH_NAME(id, name) \
+  case FetchStatus::id:             \
     return name;
       VMMIPC_FETCH_FAILURES(VMMIPC_FETCH_NAME)
 #undef VMMIPC_FETCH_NAME

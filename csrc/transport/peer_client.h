@@ -43,28 +43,28 @@ struct WatchConnection {
   wire::Nonce nonce{};
 };
 
-// How a fetch ended, declared once: the enum, its log name and the
-// VMMIPC_STATS counter of a failed open (core/stats.h) come from this list;
-// the CUresult an open returns for each is core's (core/ipc_import.cc, a
-// switch that fails the build when a status is missing).
-// X(enumerator, "name in log lines", stats counter, "counter name")
+// How a fetch ended, declared once: the enum and its log name come from this
+// list. What each means to the library is core's: the CUresult an open
+// returns (core/ipc_import.cc) and the VMMIPC_STATS counter of a failed open
+// (core/stats.h), both switches that fail the build when a status is missing.
+// X(enumerator, "name in log lines")
 #define VMMIPC_FETCH_FAILURES(X)                                                    \
   /* Nobody listens under that pid's name (the exporter exited). */                 \
-  X(kNoExporter, "no exporter", kOpenFailedNoExporter, "open_failed_no_exporter")   \
+  X(kNoExporter, "no exporter")                                                     \
   /* A wait ran past the timeout. */                                                \
-  X(kTimeout, "timeout", kOpenFailedTimeout, "open_failed_timeout")                 \
+  X(kTimeout, "timeout")                                                            \
   /* The exporter answered with a RefuseReason. */                                  \
-  X(kRefused, "refused", kOpenFailedRefused, "open_failed_refused")                 \
+  X(kRefused, "refused")                                                            \
   /* The answer's MAC did not verify: not the exporter that made the handle. */     \
-  X(kUnauthentic, "unauthentic", kOpenFailedUnauthentic, "open_failed_unauthentic") \
+  X(kUnauthentic, "unauthentic")                                                    \
   /* A malformed answer, a wrong fd count, a short message, a peer that hung up. */ \
-  X(kProtocolError, "protocol error", kOpenFailedProtocol, "open_failed_protocol")  \
+  X(kProtocolError, "protocol error")                                               \
   /* Out of fds or memory on this side. */                                          \
-  X(kNoResources, "no resources", kOpenFailedNoResources, "open_failed_no_resources")
+  X(kNoResources, "no resources")
 
 enum class FetchStatus {
   kOk = 0,
-#define VMMIPC_FETCH_ENUM(id, name, counter, counter_name) id,
+#define VMMIPC_FETCH_ENUM(id, name) id,
   VMMIPC_FETCH_FAILURES(VMMIPC_FETCH_ENUM)
 #undef VMMIPC_FETCH_ENUM
 };

@@ -11,8 +11,8 @@ namespace vmmipc::core {
 namespace {
 
 // What cuIpcOpenMemHandle returns for a failed fetch and for an exporter's
-// refusal. The names and counters of both enums come from their lists
-// (transport/peer_client.h, transport/chunk_grant.h); transport knows no
+// refusal. The names of both enums come from their lists (transport/peer_client.h,
+// transport/chunk_grant.h), their counters from core/stats.h; transport knows no
 // CUresult, so these two switches are the one hand-written mapping. Every
 // declared value is listed (no default) and a missing one fails the build.
 #pragma GCC diagnostic push
