@@ -1,11 +1,15 @@
-// The importer's side of one exchange: connect, check who listens, send the
-// MAC'd request, then collect and verify every reply batch and its fds. Any
-// failure closes every fd received so far (they live in ScopedFd throughout).
+// The importer's side of one exchange, as named steps over one Fetch: connect
+// (and check who listens), send the MAC'd request, receive and verify every
+// reply batch and its fds, check the chunks, hand them over. Every wait of
+// every step is bounded by the fetch's one deadline, never by one of its
+// own. Any failure closes every fd received so far (they live in ScopedFd
+// throughout, and go to the reaper: none is closed on the caller's thread).
 #include "transport/peer_client.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/elapsed.h"
 #include "common/log.h"
@@ -20,6 +24,64 @@
 namespace vmmipc::transport {
 namespace {
 
+// One fetch's state, from the first step to the hand-over.
+struct Fetch {
+  Fetch(const FetchRequest& r, const ClientOptions& o)
+      : request(r),
+        options(o),
+        timeout_ms(std::max(o.timeout_ms, 1)),
+        deadline(Deadline::AfterMs(timeout_ms)) {}
+  // Whatever the fetch's end: the chunks of the batches received so far go
+  // to the reaper, and so does the connection with anything still queued
+  // on it (an unverified answer's fds), unless the hand-over took them.
+  ~Fetch() {
+    for (ChunkGrant& chunk : chunks) CloseInBackground(std::move(chunk.fd));
+    CloseConnection(std::move(sock));
+  }
+  Fetch(const Fetch&) = delete;
+  Fetch& operator=(const Fetch&) = delete;
+
+  const FetchRequest& request;
+  const ClientOptions& options;
+  const SteadyClock::time_point start = SteadyClock::now();
+  const int timeout_ms;
+  // The one bound of the whole exchange: connect, send and every receive
+  // wait against it, so that a slow peer cannot stretch it step by step.
+  const Deadline deadline;
+  const uint32_t uid = ::geteuid();
+  SocketAddress address;
+  ScopedFd sock;
+  SteadyClock::time_point connected;
+  SipKey key;                // the handle's: MACs the request and every answer
+  wire::Nonce nonce{};       // this exchange's: every answer must carry it
+  uint32_t total = 0;        // chunks in the reply, as its batch 0 says
+  uint32_t batch_count = 1;  // batches in the reply, as its batch 0 says
+  std::vector<ChunkGrant> chunks;
+};
+
+// One reply batch, looked at (peeked) and then taken with its fds.
+struct Batch {
+  explicit Batch(uint32_t i) : index(i), what(fmt::format("receiving reply batch {}", i)) {}
+  // Whatever this batch's end, the fds it did not hand on go to the reaper:
+  // none is closed on this (the application's) thread.
+  ~Batch() { HandToReaper(&message.fds); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  const uint32_t index;
+  const std::string what;  // for the log line of a failure
+  PeekedMessage peeked;
+  std::span<const uint8_t> bytes;  // the peeked message, in the fetch's buffer
+  wire::WireError parsed = wire::WireError::kOk;
+  wire::ReplyHeader header;
+  std::vector<wire::ReplyEntry> entries;
+  ReceivedMessage message;
+};
+
+// A step's verdict: empty when the fetch goes on, else how it ends (a
+// failure, or the exporter's refusal).
+using Ended = std::optional<FetchResult>;
+
 FetchResult Fail(FetchStatus status, std::string detail) {
   FetchResult result;
   result.status = status;
@@ -28,23 +90,251 @@ FetchResult Fail(FetchStatus status, std::string detail) {
 }
 
 // Maps a socket-level failure while talking to the exporter.
-FetchResult IoFailure(const IoResult& io, const std::string& what, const SocketAddress& address,
-                      int timeout_ms) {
+FetchResult IoFailure(const IoResult& io, const std::string& what, const Fetch& fetch) {
+  const std::string& name = fetch.address.display;
   switch (io.status) {
     case IoStatus::kTimeout:
-      return Fail(FetchStatus::kTimeout, fmt::format("{} on {}: no answer within {} ms", what,
-                                                     address.display, timeout_ms));
+      return Fail(FetchStatus::kTimeout,
+                  fmt::format("{} on {}: no answer within {} ms", what, name, fetch.timeout_ms));
     case IoStatus::kNoResources:
       return Fail(FetchStatus::kNoResources,
-                  fmt::format("{} on {}: {}", what, address.display, ErrnoText(io.error)));
+                  fmt::format("{} on {}: {}", what, name, ErrnoText(io.error)));
     case IoStatus::kPeerClosed:
-      return Fail(
-          FetchStatus::kProtocolError,
-          fmt::format("{} on {}: the exporter closed the connection", what, address.display));
+      return Fail(FetchStatus::kProtocolError,
+                  fmt::format("{} on {}: the exporter closed the connection", what, name));
     default:
       return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} on {}: {}", what, address.display, ErrnoText(io.error)));
+                  fmt::format("{} on {}: {}", what, name, ErrnoText(io.error)));
   }
+}
+
+FetchResult BatchFailure(FetchStatus status, const Batch& batch, const Fetch& fetch,
+                         const std::string& why) {
+  return Fail(status, fmt::format("{} from {}: {}", batch.what, fetch.address.display, why));
+}
+
+// Connects to the name of the handle's pid, then checks who holds it before
+// saying anything to it: another user's process squatting the name gets not
+// even our request.
+Ended Connect(Fetch& fetch) {
+  std::string error;
+  if (!MakeSocketAddress(fetch.uid, fetch.request.exporter_pid, fetch.options.socket_dir,
+                         &fetch.address, &error)) {
+    return Fail(FetchStatus::kNoExporter, error);
+  }
+  if (IoResult io = ConnectSeqpacket(fetch.address, fetch.deadline, &fetch.sock); !io.ok()) {
+    if (io.status == IoStatus::kError &&
+        (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
+      return Fail(
+          FetchStatus::kNoExporter,
+          fmt::format("nobody listens on {} (exporter pid {} exited?): {}", fetch.address.display,
+                      fetch.request.exporter_pid, ErrnoText(io.error)));
+    }
+    return IoFailure(io, "connecting", fetch);
+  }
+  fetch.connected = SteadyClock::now();
+  PeerCredentials server;
+  if (IoResult io = GetPeerCredentials(fetch.sock.get(), &server); !io.ok()) {
+    return IoFailure(io, "reading the exporter's credentials", fetch);
+  }
+  if (server.uid != fetch.uid) {
+    return Fail(FetchStatus::kUnauthentic,
+                fmt::format("{} is held by pid {} of uid {}, not by our uid {}",
+                            fetch.address.display, server.pid, server.uid, fetch.uid));
+  }
+  return std::nullopt;
+}
+
+// Sends every field of the handle, MAC'd under its capability, with a fresh nonce.
+Ended SendRequest(Fetch& fetch) {
+  const FetchRequest& request = fetch.request;
+  wire::Request wire_request;
+  wire_request.flags = fetch.options.watch ? wire::kRequestFlagWatch : 0;
+  wire_request.follower = fetch.options.follower;
+  wire_request.exporter_pid = request.exporter_pid;
+  wire_request.address = request.address;
+  wire_request.chunk_base = request.chunk_base;
+  wire_request.chunk_size = request.chunk_size;
+  wire_request.region_base = request.region_base;
+  wire_request.generation = request.generation;
+  wire_request.rank_slot = request.rank_slot;
+  // 128 bits that make this exchange's reply MACs its own: random from the
+  // kernel, else (a seccomp policy refusing getrandom, no /dev/urandom) only
+  // unique, which is what a nonce needs (docs/security.md).
+  FillUnique(wire_request.nonce.data(), wire_request.nonce.size());
+  fetch.nonce = wire_request.nonce;
+  fetch.key = wire::DeriveKey(request.capability, request.exporter_pid);
+  const auto request_bytes = wire::EncodeRequest(wire_request, fetch.key);
+  if (IoResult io = SendMessage(fetch.sock.get(), request_bytes, {}, fetch.deadline); !io.ok()) {
+    return IoFailure(io, "sending the request", fetch);
+  }
+  return std::nullopt;
+}
+
+// Looks at the next batch before taking it, and checks its MAC: an answer
+// that does not verify never gets its fds installed here (a squatter's fd
+// may be a socket whose last close blocks for its linger time).
+Ended PeekBatch(Fetch& fetch, std::vector<uint8_t>& buffer, Batch& batch) {
+  if (IoResult io = PeekMessage(fetch.sock.get(), buffer, &batch.peeked, fetch.deadline);
+      !io.ok()) {
+    return IoFailure(io, batch.what, fetch);
+  }
+  if (batch.peeked.truncated) {
+    return BatchFailure(FetchStatus::kProtocolError, batch, fetch,
+                        fmt::format("message longer than {} bytes", buffer.size()));
+  }
+  batch.bytes = std::span<const uint8_t>(buffer.data(), batch.peeked.length);
+  batch.parsed =
+      wire::ParseReply(batch.bytes, fetch.nonce, fetch.key, &batch.header, &batch.entries);
+  return std::nullopt;
+}
+
+// A verified batch: now taken for real, with its fds, which must be what was
+// peeked and of kinds that device memory is.
+Ended TakeBatch(Fetch& fetch, size_t buffer_size, Batch& batch) {
+  std::vector<uint8_t> again(buffer_size);
+  if (IoResult io = ReceiveMessage(fetch.sock.get(), again, &batch.message, fetch.deadline);
+      !io.ok()) {
+    return IoFailure(io, batch.what, fetch);
+  }
+  // Before anything else touches them: a socket, a FIFO or a terminal is
+  // no device memory, and would be a close that may wait.
+  if (std::string why; !AllMemoryFdKinds(batch.message.fds, &why)) {
+    return BatchFailure(FetchStatus::kProtocolError, batch, fetch, why);
+  }
+  if (batch.message.length != batch.peeked.length ||
+      !std::equal(batch.bytes.begin(), batch.bytes.end(), again.begin())) {
+    return BatchFailure(FetchStatus::kProtocolError, batch, fetch,
+                        "the message changed between peek and receive");
+  }
+  return std::nullopt;
+}
+
+// A batch whose MAC does not verify, left queued (fds and all) for the reaper.
+// A process that did not make this handle cannot MAC anything we can verify,
+// so a real exporter that says "bad token" (a stale handle whose pid now
+// belongs to another vmmipc process, or an edited handle) looks just like a
+// forger. Such a bare refusal carries nothing we would use, so it is reported
+// as the refusal it claims to be, marked unverified; anything else is forged.
+FetchResult Unverified(const Fetch& fetch, const Batch& batch) {
+  if (batch.header.status == static_cast<uint16_t>(RefuseReason::kBadToken) && batch.index == 0 &&
+      batch.header.entry_count == 0 && batch.peeked.length == wire::kReplyHeaderSize &&
+      !batch.peeked.carries_fds) {
+    FetchResult result =
+        Fail(FetchStatus::kRefused,
+             fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "
+                         "the handle was edited or forged)",
+                         fetch.address.display, fetch.request.exporter_pid));
+    result.refuse = RefuseReason::kBadToken;
+    return result;
+  }
+  return Fail(FetchStatus::kUnauthentic,
+              fmt::format("{} answered batch {} with a MAC that does not verify: not the "
+                          "exporter that made this handle",
+                          fetch.address.display, batch.index));
+}
+
+// A verified batch's header against the reply so far: a refusal (batch 0
+// only, without fds), else the next batch of the same reply, an fd per entry.
+Ended CheckBatch(const Fetch& fetch, const Batch& batch) {
+  const wire::ReplyHeader& header = batch.header;
+  if (header.status != 0) {
+    if (batch.index != 0 || !batch.message.fds.empty()) {
+      return BatchFailure(FetchStatus::kProtocolError, batch, fetch, "refusal out of place");
+    }
+    FetchResult result;
+    result.status = FetchStatus::kRefused;
+    result.refuse = static_cast<RefuseReason>(header.status);
+    result.verified = true;
+    result.detail = fmt::format("exporter pid {} refused: {}", fetch.request.exporter_pid,
+                                RefuseReasonName(result.refuse));
+    return result;
+  }
+  if (header.batch_index != batch.index ||
+      (batch.index > 0 && header.total_chunks != fetch.total)) {
+    return BatchFailure(
+        FetchStatus::kProtocolError, batch, fetch,
+        fmt::format("got batch {} of a {}-chunk reply, expected batch {} of {}", header.batch_index,
+                    header.total_chunks, batch.index, fetch.total));
+  }
+  if (batch.message.control_truncated) {
+    return BatchFailure(FetchStatus::kNoResources, batch, fetch,
+                        fmt::format("the kernel dropped {} of the batch's fds (out of fds?)",
+                                    batch.entries.size() - batch.message.fds.size()));
+  }
+  if (batch.message.fds.size() != batch.entries.size()) {
+    return BatchFailure(
+        FetchStatus::kProtocolError, batch, fetch,
+        fmt::format("{} fds for {} entries", batch.message.fds.size(), batch.entries.size()));
+  }
+  return std::nullopt;
+}
+
+// Receives one batch, verified, and adds its chunks to the fetch's.
+Ended ReceiveBatch(Fetch& fetch, std::vector<uint8_t>& buffer, uint32_t index) {
+  Batch batch(index);
+  if (Ended ended = PeekBatch(fetch, buffer, batch)) return ended;
+  if (batch.parsed == wire::WireError::kOk) {
+    if (Ended ended = TakeBatch(fetch, buffer.size(), batch)) return ended;
+  }
+  if (batch.parsed == wire::WireError::kBadMac) return Unverified(fetch, batch);
+  if (batch.parsed != wire::WireError::kOk) {
+    return BatchFailure(FetchStatus::kProtocolError, batch, fetch,
+                        wire::WireErrorName(batch.parsed));
+  }
+  if (Ended ended = CheckBatch(fetch, batch)) return ended;
+  if (index == 0) {
+    fetch.total = batch.header.total_chunks;
+    fetch.batch_count = batch.header.batch_count;
+    fetch.chunks.reserve(fetch.total);
+  }
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    ChunkGrant grant;
+    grant.address = batch.entries[i].address;
+    grant.size = batch.entries[i].size;
+    grant.generation = batch.entries[i].generation;
+    grant.fd = std::move(batch.message.fds[i]);
+    fetch.chunks.push_back(std::move(grant));
+  }
+  return std::nullopt;
+}
+
+// Every batch of the reply, in order (batch 0 says how many there are), then
+// the chunks in address order, none overlapping another.
+Ended ReceiveReply(Fetch& fetch) {
+  std::vector<uint8_t> buffer(wire::kMaxReplySize);
+  for (uint32_t batch = 0; batch < fetch.batch_count; ++batch) {
+    if (Ended ended = ReceiveBatch(fetch, buffer, batch)) return ended;
+  }
+  std::vector<ChunkGrant>& chunks = fetch.chunks;
+  std::sort(chunks.begin(), chunks.end(),
+            [](const ChunkGrant& a, const ChunkGrant& b) { return a.address < b.address; });
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    if (chunks[i - 1].address + chunks[i - 1].size > chunks[i].address) {
+      return Fail(FetchStatus::kProtocolError,
+                  fmt::format("reply from {}: chunks at {:#x} and {:#x} overlap",
+                              fetch.address.display, chunks[i - 1].address, chunks[i].address));
+    }
+  }
+  return std::nullopt;
+}
+
+// The verified chunks to the caller, and with options.watch the connection too.
+FetchResult HandOver(Fetch& fetch) {
+  FetchResult result;
+  result.status = FetchStatus::kOk;
+  result.verified = true;
+  result.chunks = std::move(fetch.chunks);
+  fetch.chunks.clear();  // moved from: nothing left for ~Fetch to reap
+  result.connect_us = MicrosBetween(fetch.start, fetch.connected);
+  result.answer_us = MicrosSince(fetch.connected);
+  if (fetch.options.watch) {
+    // The answer verified: this connection is the exporter's. Kept for its events.
+    result.watch.fd = std::move(fetch.sock);
+    result.watch.key = fetch.key;
+    result.watch.nonce = fetch.nonce;
+  }
+  return result;
 }
 
 }  // namespace
@@ -63,218 +353,11 @@ const char* FetchStatusName(FetchStatus status) {
 }
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) try {
-  const auto start = SteadyClock::now();
-  const int timeout_ms = std::max(options.timeout_ms, 1);
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  const uint32_t my_uid = ::geteuid();
-
-  SocketAddress address;
-  std::string error;
-  if (!MakeSocketAddress(my_uid, request.exporter_pid, options.socket_dir, &address, &error)) {
-    return Fail(FetchStatus::kNoExporter, error);
-  }
-
-  ScopedFd sock;
-  // Whatever the exchange's end, anything still queued (an unverified
-  // answer's fds) is closed off this thread.
-  struct CloseOnExit {
-    ScopedFd& fd;
-    ~CloseOnExit() { CloseConnection(std::move(fd)); }
-  } close_on_exit{sock};
-  if (IoResult io = ConnectSeqpacket(address, deadline, &sock); !io.ok()) {
-    if (io.status == IoStatus::kError &&
-        (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
-      return Fail(FetchStatus::kNoExporter,
-                  fmt::format("nobody listens on {} (exporter pid {} exited?): {}", address.display,
-                              request.exporter_pid, ErrnoText(io.error)));
-    }
-    return IoFailure(io, "connecting", address, timeout_ms);
-  }
-  const auto connected = SteadyClock::now();
-
-  // Check who holds the name before saying anything to it: another user's
-  // process squatting it gets not even our request.
-  PeerCredentials server;
-  if (IoResult io = GetPeerCredentials(sock.get(), &server); !io.ok()) {
-    return IoFailure(io, "reading the exporter's credentials", address, timeout_ms);
-  }
-  if (server.uid != my_uid) {
-    return Fail(FetchStatus::kUnauthentic,
-                fmt::format("{} is held by pid {} of uid {}, not by our uid {}", address.display,
-                            server.pid, server.uid, my_uid));
-  }
-
-  wire::Request wire_request;
-  wire_request.flags = options.watch ? wire::kRequestFlagWatch : 0;
-  wire_request.follower = options.follower;
-  wire_request.exporter_pid = request.exporter_pid;
-  wire_request.address = request.address;
-  wire_request.chunk_base = request.chunk_base;
-  wire_request.chunk_size = request.chunk_size;
-  wire_request.region_base = request.region_base;
-  wire_request.generation = request.generation;
-  wire_request.rank_slot = request.rank_slot;
-  // 128 bits that make this exchange's reply MACs its own: random from the
-  // kernel, else (a seccomp policy refusing getrandom, no /dev/urandom) only
-  // unique, which is what a nonce needs (docs/security.md).
-  FillUnique(wire_request.nonce.data(), wire_request.nonce.size());
-  const SipKey key = wire::DeriveKey(request.capability, request.exporter_pid);
-  const auto request_bytes = wire::EncodeRequest(wire_request, key);
-  if (IoResult io = SendMessage(sock.get(), request_bytes, {}, deadline); !io.ok()) {
-    return IoFailure(io, "sending the request", address, timeout_ms);
-  }
-
-  std::vector<ChunkGrant> chunks;
-  // A reply that fails after some batches: their fds go to the reaper too.
-  struct ReapGranted {
-    std::vector<ChunkGrant>& chunks;
-    ~ReapGranted() {
-      for (ChunkGrant& chunk : chunks) CloseInBackground(std::move(chunk.fd));
-    }
-  } reap_granted{chunks};
-  std::vector<uint8_t> buffer(wire::kMaxReplySize);
-  uint32_t total = 0;
-  uint32_t batch_count = 1;
-  for (uint32_t batch = 0; batch < batch_count; ++batch) {
-    const std::string what = fmt::format("receiving reply batch {}", batch);
-    // Look before taking: an answer that does not verify never gets its fds
-    // installed here (a squatter's fd may be a socket whose last close
-    // blocks for its linger time); the connection then goes to the reaper.
-    PeekedMessage peeked;
-    if (IoResult io = PeekMessage(sock.get(), buffer, &peeked, deadline); !io.ok()) {
-      return IoFailure(io, what, address, timeout_ms);
-    }
-    if (peeked.truncated) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} from {}: message longer than {} bytes", what, address.display,
-                              buffer.size()));
-    }
-    wire::ReplyHeader header;
-    std::vector<wire::ReplyEntry> entries;
-    const std::span<const uint8_t> bytes(buffer.data(), peeked.length);
-    const wire::WireError parsed =
-        wire::ParseReply(bytes, wire_request.nonce, key, &header, &entries);
-    ReceivedMessage message;
-    // Whatever this batch's end, the fds it did not hand on go to the reaper:
-    // none is closed on this (the application's) thread.
-    struct ReapUnused {
-      std::vector<ScopedFd>& fds;
-      ~ReapUnused() { HandToReaper(&fds); }
-    } reap_unused{message.fds};
-    if (parsed == wire::WireError::kOk) {
-      // Verified: now take the message for real, with its fds.
-      std::vector<uint8_t> again(buffer.size());
-      if (IoResult io = ReceiveMessage(sock.get(), again, &message, deadline); !io.ok()) {
-        return IoFailure(io, what, address, timeout_ms);
-      }
-      // Before anything else touches them: a socket, a FIFO or a terminal is
-      // no device memory, and would be a close that may wait.
-      if (std::string why; !AllMemoryFdKinds(message.fds, &why)) {
-        return Fail(FetchStatus::kProtocolError,
-                    fmt::format("{} from {}: {}", what, address.display, why));
-      }
-      if (message.length != peeked.length ||
-          !std::equal(bytes.begin(), bytes.end(), again.begin())) {
-        return Fail(FetchStatus::kProtocolError,
-                    fmt::format("{} from {}: the message changed between peek and receive", what,
-                                address.display));
-      }
-    } else {
-      message.length = peeked.length;  // left queued, fds and all: closed by the reaper
-    }
-    if (parsed == wire::WireError::kBadMac) {
-      // A process that did not make this handle cannot MAC anything we can
-      // verify, so a real exporter that says "bad token" (a stale handle whose
-      // pid now belongs to another vmmipc process, or an edited handle) looks
-      // just like a forger. Such a
-      // bare refusal carries nothing we would use, so it is reported as the
-      // refusal it claims to be, marked unverified; anything else is forged.
-      if (header.status == static_cast<uint16_t>(RefuseReason::kBadToken) && batch == 0 &&
-          header.entry_count == 0 && message.length == wire::kReplyHeaderSize &&
-          !peeked.carries_fds) {
-        FetchResult result = Fail(
-            FetchStatus::kRefused,
-            fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "
-                        "the handle was edited or forged)",
-                        address.display, request.exporter_pid));
-        result.refuse = RefuseReason::kBadToken;
-        return result;
-      }
-      return Fail(FetchStatus::kUnauthentic,
-                  fmt::format("{} answered batch {} with a MAC that does not verify: not the "
-                              "exporter that made this handle",
-                              address.display, batch));
-    }
-    if (parsed != wire::WireError::kOk) {
-      return Fail(FetchStatus::kProtocolError, fmt::format("{} from {}: {}", what, address.display,
-                                                           wire::WireErrorName(parsed)));
-    }
-    if (header.status != 0) {
-      if (batch != 0 || !message.fds.empty()) {
-        return Fail(FetchStatus::kProtocolError,
-                    fmt::format("{} from {}: refusal out of place", what, address.display));
-      }
-      FetchResult result;
-      result.status = FetchStatus::kRefused;
-      result.refuse = static_cast<RefuseReason>(header.status);
-      result.verified = true;
-      result.detail = fmt::format("exporter pid {} refused: {}", request.exporter_pid,
-                                  RefuseReasonName(result.refuse));
-      return result;
-    }
-    if (header.batch_index != batch || (batch > 0 && header.total_chunks != total)) {
-      return Fail(
-          FetchStatus::kProtocolError,
-          fmt::format("{} from {}: got batch {} of a {}-chunk reply, expected batch {} of {}", what,
-                      address.display, header.batch_index, header.total_chunks, batch, total));
-    }
-    if (message.control_truncated) {
-      return Fail(FetchStatus::kNoResources,
-                  fmt::format("{} from {}: the kernel dropped {} of the batch's fds (out of fds?)",
-                              what, address.display, entries.size() - message.fds.size()));
-    }
-    if (message.fds.size() != entries.size()) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("{} from {}: {} fds for {} entries", what, address.display,
-                              message.fds.size(), entries.size()));
-    }
-    if (batch == 0) {
-      total = header.total_chunks;
-      batch_count = header.batch_count;
-      chunks.reserve(total);
-    }
-    for (size_t i = 0; i < entries.size(); ++i) {
-      ChunkGrant grant;
-      grant.address = entries[i].address;
-      grant.size = entries[i].size;
-      grant.generation = entries[i].generation;
-      grant.fd = std::move(message.fds[i]);
-      chunks.push_back(std::move(grant));
-    }
-  }
-
-  std::sort(chunks.begin(), chunks.end(),
-            [](const ChunkGrant& a, const ChunkGrant& b) { return a.address < b.address; });
-  for (size_t i = 1; i < chunks.size(); ++i) {
-    if (chunks[i - 1].address + chunks[i - 1].size > chunks[i].address) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("reply from {}: chunks at {:#x} and {:#x} overlap", address.display,
-                              chunks[i - 1].address, chunks[i].address));
-    }
-  }
-  FetchResult result;
-  result.status = FetchStatus::kOk;
-  result.verified = true;
-  result.chunks = std::move(chunks);
-  result.connect_us = MicrosBetween(start, connected);
-  result.answer_us = MicrosSince(connected);
-  if (options.watch) {
-    // The answer verified: this connection is the exporter's. Kept for its events.
-    result.watch.fd = std::move(sock);
-    result.watch.key = key;
-    result.watch.nonce = wire_request.nonce;
-  }
-  return result;
+  Fetch fetch(request, options);
+  if (Ended ended = Connect(fetch)) return std::move(*ended);
+  if (Ended ended = SendRequest(fetch)) return std::move(*ended);
+  if (Ended ended = ReceiveReply(fetch)) return std::move(*ended);
+  return HandOver(fetch);
 } catch (const std::bad_alloc&) {
   return Fail(FetchStatus::kNoResources, "out of memory");
 } catch (const std::exception& e) {
