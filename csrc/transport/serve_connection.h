@@ -18,7 +18,7 @@
 
 #include "common/scoped_fd.h"
 #include "transport/fd_channel.h"
-#include "transport/listener.h"
+#include "transport/serve_handler.h"
 #include "transport/siphash.h"
 #include "transport/watchers.h"
 #include "transport/wire.h"
