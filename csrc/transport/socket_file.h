@@ -3,7 +3,7 @@
 // while the path still names that inode (a file that replaced ours is never
 // removed). A process that dies without exiting (a signal, _exit) leaves its
 // file; the next listener of that name finds nobody listening on it and
-// removes it (listener.cc). Exit: an atexit handler, registered with the
+// removes it (listener_socket.cc). Exit: an atexit handler, registered with the
 // first socket file (never at load), walks a fixed table of the process's
 // files; no lock and no allocation, since at exit the process's other
 // threads still run (the listener's among them) and may hold any lock. A

@@ -1,0 +1,69 @@
+// The listener's connection budget: which accepted connections may wait for
+// their request, by class (our uid's, other uids' together, each other
+// uid's), within caps the host's free fds set (fd_budget.h), measured again
+// when a class is full; the newest past a cap is closed at once.
+#include <algorithm>
+
+#include "common/log.h"
+#include "transport/listener_impl.h"
+
+namespace vmmipc::transport {
+
+// A connection that must wait for its request, if its class has room; the
+// newest of a full class is closed at once. Our uid's and other uids' are
+// counted apart, so that another user never takes our importers' room.
+void Listener::Impl::Admit(Connection connection) noexcept {
+  try {
+    std::string why = OverCap(connection.peer.uid);
+    // Full: perhaps the host has closed fds since the caps were set.
+    if (!why.empty() && RefreshBudget()) why = OverCap(connection.peer.uid);
+    if (!why.empty()) {
+      DropOverCap(std::move(connection), context, why);
+      return;
+    }
+    // Never grows past the capacity reserved at Start: the caps are below it.
+    ++(connection.peer.uid == context.uid ? own_waiting : others_waiting);
+    waiting.push_back(std::move(connection));
+  } catch (...) {
+    CloseConnection(std::move(connection.fd));
+  }
+}
+
+// Empty when a connection of `uid` may wait; else why not, for the log line.
+std::string Listener::Impl::OverCap(uint32_t uid) const {
+  const ConnectionCaps& caps = budget.caps();
+  if (uid == context.uid) {
+    if (own_waiting < caps.own_waiting) return {};
+    return fmt::format(
+        "{} connections of this uid wait for their request already, the most while {} of "
+        "this process's {} fds are free",
+        own_waiting, budget.free_fds(), budget.limit());
+  }
+  if (others_waiting >= caps.others_waiting)
+    return fmt::format("{} connections of other users wait already (at most {} together)",
+                       others_waiting, caps.others_waiting);
+  const size_t of_uid = static_cast<size_t>(std::count_if(
+      waiting.begin(), waiting.end(), [uid](const Connection& c) { return c.peer.uid == uid; }));
+  if (of_uid >= caps.per_other_uid)
+    return fmt::format("{} connections of uid {} wait already (at most {} per other user)", of_uid,
+                       uid, caps.per_other_uid);
+  return {};
+}
+
+// The connections the listener holds: waiting ones and watch connections.
+size_t Listener::Impl::Held() const noexcept {
+  return waiting.size() + (context.watchers != nullptr ? context.watchers->count() : 0);
+}
+
+void Listener::Impl::MeasureBudget(bool out_of_fds) noexcept {
+  budget.Measure(Held(), out_of_fds);
+  watchers.SetMaxWatchers(budget.caps().watchers);
+}
+
+bool Listener::Impl::RefreshBudget() noexcept {
+  if (!budget.Refresh(Held())) return false;
+  watchers.SetMaxWatchers(budget.caps().watchers);
+  return true;
+}
+
+}  // namespace vmmipc::transport

@@ -1,0 +1,177 @@
+// The listener's poll thread: one poll over the stop fd, the listening
+// socket, the connections waiting for their request and the watch
+// connections; the requests that came are read and answered (here when the
+// reply is one message, else by a worker), silent connections dropped at
+// their deadline, and new connections accepted, a turn's worth at a time,
+// and read at once. Never blocks on a peer.
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/log.h"
+#include "common/log_limit.h"
+#include "common/syscall.h"
+#include "transport/listener_impl.h"
+
+namespace vmmipc::transport {
+namespace {
+
+// The poll loop's longest sleep: a safety net only, since Stop() wakes the
+// thread through the eventfd at once and request deadlines shorten it.
+constexpr int kPollPeriodMs = 200;
+// How long accept() rests when it fails for lack of fds or memory: the
+// pending connection stays queued, so retrying at once would spin. The
+// waiting connections are read meanwhile (their answers free fds).
+constexpr int kAcceptBackoffMs = 100;
+// Accepts per turn of the poll loop at most: a flood of connections (each
+// closed at once past its class's cap) must not keep the thread from the
+// waiting connections' requests and deadlines, nor the watch connections.
+constexpr int kAcceptsPerTurn = 64;
+
+// "accept failed" lines: the first 3 of each minute, then one line with how
+// many more there were. Out of fds the listener retries ten times a second
+// for as long as it lasts, and the host's stderr is not ours to fill.
+constinit log::LineLimit g_accept_lines(3, 60000);
+
+}  // namespace
+
+void Listener::Impl::Run() noexcept {
+  std::vector<pollfd> pfds;
+  while (true) {
+    pfds.clear();
+    const bool accepting = accept_resume.Expired();
+    pfds.push_back({stop_fd.get(), POLLIN, 0});
+    pfds.push_back({accepting ? listen_fd.get() : -1, POLLIN, 0});
+    int sleep_ms = accepting ? kPollPeriodMs : std::min(kPollPeriodMs, accept_resume.RemainingMs());
+    for (const Connection& c : waiting) {
+      pfds.push_back({c.fd.get(), POLLIN, 0});
+      sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
+    }
+    // After the waiting connections (their indexes above stay): every watch
+    // connection, for its hang-up, and lagging followers, whose answers and
+    // room bring Maintain back at once.
+    const size_t watch_fds = pfds.size();
+    if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
+    const int n = ::poll(pfds.data(), pfds.size(), sleep_ms);
+    if (n < 0 && errno != EINTR) {
+      VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display, ErrnoText(errno));
+      break;
+    }
+    if (pfds[0].revents != 0) break;
+    // Watch connections that hung up go; lagging followers that answer again
+    // get what they missed (watchers.h); at least once a poll period,
+    // without waiting on anyone.
+    if (context.watchers != nullptr) {
+      context.watchers->Maintain(std::span<const pollfd>(pfds).subspan(watch_fds));
+      // Full: perhaps the host has closed fds since the cap was set.
+      if (context.watchers->count() >= budget.caps().watchers) RefreshBudget();
+    }
+    // Requests first (their peers are waiting), then the deadlines, then new peers.
+    ReadWaiting(pfds, n > 0);
+    if (n > 0 && accepting && pfds[1].revents != 0) AcceptQueued();
+  }
+  for (Connection& c : waiting) CloseConnection(std::move(c.fd));
+  waiting.clear();
+}
+
+// Reads the requests that came (`polled`: the poll said which) and drops the
+// connections whose deadline passed, keeping the rest in order, in place.
+void Listener::Impl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept {
+  size_t kept = 0;
+  own_waiting = others_waiting = 0;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    Connection& c = waiting[i];
+    if (polled && pfds[i + 2].revents != 0) {
+      PendingRequest request;
+      const ReadOutcome outcome = ReadRequest(c, context, &request);
+      if (outcome == ReadOutcome::kReady) {
+        Answer(std::move(request));
+        continue;
+      }
+      if (outcome == ReadOutcome::kDone) continue;
+    }
+    if (c.deadline.Expired()) {
+      DropSilent(std::move(c), context);
+      continue;
+    }
+    ++(c.peer.uid == context.uid ? own_waiting : others_waiting);
+    if (kept != i) waiting[kept] = std::move(c);
+    ++kept;
+  }
+  waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(kept), waiting.end());
+}
+
+// Accepts what is queued, a turn's worth at most. Non-blocking: a connection
+// that went away between poll and accept must not park the thread where
+// Stop() cannot reach it.
+void Listener::Impl::AcceptQueued() noexcept {
+  for (int i = 0; i < kAcceptsPerTurn; ++i) {
+    const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      const int error = errno;
+      if (error != EAGAIN && error != EINTR && error != ECONNABORTED) AcceptFailed(error);
+      return;
+    }
+    if (out_of_fds) {
+      // The shortage is over (or easing): without a new look, the caps would
+      // stay at what was free during it for up to a second.
+      out_of_fds = false;
+      MeasureBudget(false);
+    } else if (budget.Outgrown(fd, Held())) {
+      RefreshBudget();
+    }
+    Connection connection;
+    if (!StartConnection(ScopedFd(fd), context, &connection)) continue;
+    // The importer sends its request right after connecting: it is often
+    // queued already, and reading it now saves a poll round (and answers a
+    // peer even when its class has no room left to wait).
+    PendingRequest request;
+    switch (ReadRequest(connection, context, &request)) {
+      case ReadOutcome::kReady:
+        Answer(std::move(request));
+        break;
+      case ReadOutcome::kDone:
+        break;
+      case ReadOutcome::kWaiting:
+        Admit(std::move(connection));
+        break;
+    }
+  }
+}
+
+void Listener::Impl::AcceptFailed(int error) noexcept {
+  accept_resume = Deadline::AfterMs(kAcceptBackoffMs);
+  // Out of fds (EMFILE: this process's; ENFILE: the system's): the host has
+  // fewer free than the caps were set for.
+  if (error == EMFILE || error == ENFILE) {
+    MeasureBudget(error == EMFILE);
+    out_of_fds = true;
+  }
+  if (log::Admitted(g_accept_lines, log::Level::kWarn, "listener " + address.display,
+                    "accept failures"))
+    VMMIPC_LOG_WARN(
+        "listener {}: accept failed: {}; retrying in {} ms (this process holds {} connections "
+        "waiting for their request and {} watch connections)",
+        address.display, ErrnoText(error), kAcceptBackoffMs, waiting.size(),
+        context.watchers != nullptr ? context.watchers->count() : 0);
+}
+
+// Answers on the poll thread: the handler here (one export per chunk at
+// most, ~35 us, or a dup), and the reply too when it is one message, which a
+// fresh connection's socket buffer always takes at once. A handoff to a
+// worker would add a thread wake-up to every open (measured on the H200:
+// ~80 us per open). Longer replies are sent by a worker, since their sends
+// may wait on a peer that does not read.
+void Listener::Impl::Answer(PendingRequest request) noexcept {
+  ServeReply reply;
+  if (!PrepareReply(request, context, &reply)) return;
+  if (ReplyFitsOneMessage(reply)) {
+    SendReply(std::move(request), std::move(reply), context);
+    return;
+  }
+  workers.Dispatch(ListenerJob{std::move(request), std::move(reply), nullptr});
+}
+
+}  // namespace vmmipc::transport

@@ -1,0 +1,88 @@
+// The listener's workers: the job queue, its threads, their start and stop.
+#include "transport/listener_workers.h"
+
+#include <exception>
+
+#include "common/log.h"
+#include "common/parked.h"
+#include "common/quiet_thread.h"
+
+namespace vmmipc::transport {
+
+void ListenerWorkers::Dispatch(ListenerJob job) noexcept {
+  try {
+    std::unique_lock lock(mutex_);
+    if (stopping_) return;  // the job's connection closes with it
+    jobs_.push_back(std::move(job));
+    if (idle_workers_ == 0 && workers_.size() < max_workers_) {
+      try {
+        workers_.push_back(StartQuietThread("vmmipc-serve", [this] { Work(); }));
+      } catch (const std::exception& e) {
+        if (workers_.empty()) {
+          VMMIPC_LOG_ERROR(
+              "listener {}: cannot start a worker thread: {}; sending on the "
+              "poll thread",
+              context_->name, e.what());
+          ListenerJob inline_job = std::move(jobs_.back());
+          jobs_.pop_back();
+          lock.unlock();
+          if (inline_job.task)
+            inline_job.task();
+          else
+            SendReply(std::move(inline_job.request), std::move(inline_job.reply), *context_);
+          return;
+        }
+      }
+    }
+    lock.unlock();
+    ready_.notify_one();
+  } catch (...) {
+    // Out of memory queueing the job: it is dropped, its connection closed.
+  }
+}
+
+void ListenerWorkers::Work() noexcept {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    ++idle_workers_;
+    ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    --idle_workers_;
+    if (stopping_) return;
+    ListenerJob job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    if (job.task) {
+      try {
+        job.task();
+      } catch (...) {
+        VMMIPC_LOG_ERROR("listener {}: a posted task threw", context_->name);
+      }
+    } else {
+      SendReply(std::move(job.request), std::move(job.reply), *context_);
+    }
+    lock.lock();
+  }
+}
+
+void ListenerWorkers::Stop() noexcept {
+  std::deque<ListenerJob> abandoned;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    abandoned.swap(jobs_);
+  }
+  ready_.notify_all();
+  // Workers in the middle of a reply see the stop fd and give up at once.
+  for (auto& worker : workers_)
+    if (worker->joinable()) worker->join();
+  workers_.clear();
+  for (ListenerJob& job : abandoned) CloseConnection(std::move(job.request.fd));
+}
+
+void ListenerWorkers::AbandonAfterFork() noexcept {
+  // The vector's storage and the mutex may be in any state the parent's
+  // threads left them in: never touched again, only kept reachable.
+  for (auto& worker : workers_) Park(worker.release());
+}
+
+}  // namespace vmmipc::transport

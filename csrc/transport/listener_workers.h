@@ -1,0 +1,66 @@
+// The listener's worker pool: threads, started as needed up to a bound, that
+// send the replies too long for the poll thread (their sends may wait on a
+// peer that does not read) and run the tasks posted with Listener::Post, in
+// the order they came. A reply in progress gives up as soon as the
+// listener's stop fd is readable. Owns the job queue and its threads; what a
+// reply is and how it is sent is serve_connection.h's.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/serve_connection.h"
+#include "transport/serve_handler.h"
+
+namespace vmmipc::transport {
+
+struct ListenerJob {
+  PendingRequest request;
+  ServeReply reply;            // prepared on the poll thread: only to be sent
+  std::function<void()> task;  // set instead of a request for Listener::Post
+};
+
+class ListenerWorkers {
+ public:
+  // Before the first Dispatch. `context` (the listener's) outlives the pool.
+  void Configure(const ServeContext* context, int max_workers) noexcept {
+    context_ = context;
+    max_workers_ = static_cast<size_t>(max_workers);
+  }
+
+  // Queues `job` for a worker, starting one if none is idle and the bound
+  // allows. Without any worker (none could start) it runs on this thread.
+  // After Stop, or out of memory, the job is dropped and its connection closed.
+  void Dispatch(ListenerJob job) noexcept;
+  // Once the listener's stop fd is readable: wakes and joins every worker
+  // (one in a reply gives up at once), then closes the connections of the
+  // jobs left in the queue. Later jobs are dropped.
+  void Stop() noexcept;
+  // A forked child: the threads do not exist there; they are leaked, never joined.
+  void AbandonAfterFork() noexcept;
+
+ private:
+  void Work() noexcept;
+
+  const ServeContext* context_ = nullptr;
+  size_t max_workers_ = 1;
+  // Guarded by mutex_: jobs_, workers_, idle_workers_, stopping_. Never held
+  // across I/O or the handler.
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<ListenerJob> jobs_;
+  // Heap-held so that a forked child can leak them: destroying a joinable
+  // std::thread calls std::terminate, and joining a thread that does not
+  // exist in the child would hang.
+  std::vector<std::unique_ptr<std::thread>> workers_;
+  size_t idle_workers_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace vmmipc::transport
