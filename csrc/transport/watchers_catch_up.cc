@@ -1,0 +1,103 @@
+// A lagging follower: what it missed, folded into one backlog entry per
+// chunk it holds, and its catch-up once it has acked everything sent before
+// it lagged, as many events as its connection takes without waiting.
+#include "common/log.h"
+#include "transport/watchers.h"
+#include "transport/watchers_impl.h"
+
+namespace vmmipc::transport {
+
+void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
+  auto it = watcher.backlog.find(notice.base);
+  if (it == watcher.backlog.end()) {
+    if (watcher.backlog.size() >= max_backlog_) return;  // checked by the caller
+    Watcher::Missed missed;
+    // Before this notice the follower held what it says changed: a pause
+    // takes a mapped chunk away, a resume maps a paused one.
+    missed.held_mapped = notice.kind == wire::EventKind::kPause;
+    missed.held_generation = notice.generation;
+    missed.held_size = notice.size;
+    it = watcher.backlog.emplace(notice.base, missed).first;
+  }
+  it->second.stale = false;
+  it->second.now_mapped = notice.kind == wire::EventKind::kResume;
+  it->second.now_generation = notice.generation;
+  it->second.now_size = notice.size;
+}
+
+// Whether a lagging follower has acked every event sent before it lagged.
+bool Watchers::Answered(const Watcher& watcher) {
+  return watcher.outstanding.empty() ||
+         static_cast<int32_t>(watcher.outstanding.front().first - watcher.lag_sequence) > 0;
+}
+
+void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
+  if (!watcher.lagging || !Answered(watcher)) return;
+  const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
+  bool would_block = false;
+  if (watcher.overflowed) {
+    wire::Event unfollowed;
+    unfollowed.kind = wire::EventKind::kUnfollowed;
+    if (!SendEvent(watcher, unfollowed, -1, -1, now, stop_fd, &would_block)) {
+      watcher.dead = true;
+      return;
+    }
+    if (would_block) return;
+    VMMIPC_LOG_DEBUG("follow: importer pid {} was told to drop its mappings of this process",
+                     watcher.pid);
+    watcher.lagging = false;
+    watcher.dead = true;  // the caller drops it
+    return;
+  }
+  // As many events as the connection takes now; the listener's poll thread
+  // comes back when it takes more (PollFds), so the catch-up goes at the
+  // follower's pace, not at the poll period's.
+  for (auto it = watcher.backlog.begin(); it != watcher.backlog.end();) {
+    Watcher::Missed& missed = it->second;
+    if (missed.stale) {
+      ++it;
+      continue;
+    }
+    const bool same = missed.held_mapped == missed.now_mapped &&
+                      (!missed.now_mapped || missed.held_generation == missed.now_generation);
+    if (!same && missed.held_mapped) {
+      wire::Event pause;
+      pause.kind = wire::EventKind::kPause;
+      pause.base = it->first;
+      pause.size = missed.held_size;
+      pause.generation = missed.held_generation;
+      if (!SendEvent(watcher, pause, -1, -1, now, stop_fd, &would_block)) {
+        watcher.dead = true;
+        return;
+      }
+      if (would_block) return;
+      missed.held_mapped = false;
+    }
+    if (!same && missed.now_mapped) {
+      ScopedFd fd = resume_fd_ ? resume_fd_(it->first, missed.now_generation) : ScopedFd();
+      if (!fd.valid()) {
+        // Changed again since: the notice that changed it is folded in
+        // too, and makes the entry current again (Fold).
+        missed.stale = true;
+        ++it;
+        continue;
+      }
+      wire::Event resume;
+      resume.kind = wire::EventKind::kResume;
+      resume.base = it->first;
+      resume.size = missed.now_size;
+      resume.generation = missed.now_generation;
+      if (!SendEvent(watcher, resume, fd.get(), -1, now, stop_fd, &would_block)) {
+        watcher.dead = true;
+        return;
+      }
+      if (would_block) return;
+    }
+    it = watcher.backlog.erase(it);
+  }
+  if (!watcher.backlog.empty()) return;  // stale entries wait for their notice
+  watcher.lagging = false;
+  VMMIPC_LOG_INFO("follow: importer pid {} answers again and was sent what it missed", watcher.pid);
+}
+
+}  // namespace vmmipc::transport

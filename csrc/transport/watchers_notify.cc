@@ -1,0 +1,230 @@
+// A Notify: every notice to the watchers of its followers, sent and acked on
+// all of them at once within one deadline; whoever is not done by then lags
+// (watchers_catch_up.cc). Also the two primitives of the exchange, one
+// event sent and the acks read, which the catch-up uses too.
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/log.h"
+#include "transport/watchers.h"
+#include "transport/watchers_impl.h"
+
+namespace vmmipc::transport {
+namespace {
+
+bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+bool Watchers::SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
+                         const Deadline& deadline, int stop_fd, bool* would_block) {
+  wire::Event numbered = event;
+  numbered.sequence = watcher.sequence + 1;
+  const auto bytes = wire::EncodeEvent(numbered, watcher.nonce, watcher.key);
+  const int fds[1] = {fd};
+  const IoResult io = SendMessage(watcher.fd.get(), bytes,
+                                  std::span<const int>(fds, fd >= 0 ? 1 : 0), deadline, stop_fd);
+  *would_block = io.status == IoStatus::kTimeout || io.status == IoStatus::kStopped;
+  if (io.ok()) {
+    watcher.sequence = numbered.sequence;
+    watcher.outstanding.emplace_back(numbered.sequence, notice);
+    return true;
+  }
+  if (*would_block) return true;
+  if (io.status != IoStatus::kPeerClosed)
+    VMMIPC_LOG_WARN(
+        "follow: sending an event to importer pid {} failed: {}; dropping its watch connection",
+        watcher.pid, IoStatusName(io.status));
+  return false;
+}
+
+bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
+  std::vector<uint8_t> buffer(wire::kAckSize + 1);
+  for (;;) {
+    // Looked at before it is taken: a watcher has no business sending fds,
+    // and one that does is closed through the reaper with them queued.
+    PeekedMessage peeked;
+    const IoResult io = PeekMessage(watcher.fd.get(), buffer, &peeked, Deadline::AfterMs(0));
+    if (io.status == IoStatus::kTimeout) return true;
+    wire::Ack ack;
+    const bool valid = io.ok() && !peeked.carries_fds && !peeked.truncated &&
+                       wire::ParseAck({buffer.data(), peeked.length}, watcher.nonce, watcher.key,
+                                      &ack) == wire::WireError::kOk;
+    if (!valid) {
+      if (io.status != IoStatus::kPeerClosed)
+        VMMIPC_LOG_WARN(
+            "follow: importer pid {} answered out of protocol; dropping its watch connection",
+            watcher.pid);
+      return false;
+    }
+    DiscardPeekedMessage(watcher.fd.get());
+    // Acks come in the order of the events: one for a later event means the
+    // ones before it were skipped (never, from a well-behaved importer).
+    while (!watcher.outstanding.empty() &&
+           static_cast<int32_t>(ack.sequence - watcher.outstanding.front().first) > 0)
+      watcher.outstanding.pop_front();
+    if (watcher.outstanding.empty() || watcher.outstanding.front().first != ack.sequence)
+      continue;  // an older, already-skipped event's ack
+    const int notice = watcher.outstanding.front().second;
+    watcher.outstanding.pop_front();
+    if (notice >= 0 && ack.status == wire::AckStatus::kDone)
+      result->done[static_cast<size_t>(notice)].push_back(watcher.follower);
+  }
+}
+
+// One watcher's part in a Notify: the notices for it, in order, and how
+// many of them were sent.
+struct Watchers::Target {
+  std::shared_ptr<Watcher> watcher;
+  std::vector<size_t> notices;  // indexes into the call's notices
+  size_t next = 0;              // the first not sent yet
+  bool WaitsForAck() const {
+    return std::any_of(watcher->outstanding.begin(), watcher->outstanding.end(),
+                       [](const auto& o) { return o.second >= 0; });
+  }
+};
+
+std::vector<Watchers::Target> Watchers::TargetsOf(const std::vector<WatchNotice>& notices,
+                                                  const Deadline& deadline) {
+  std::vector<Target> targets;
+  std::unique_lock<ForkMutex> lock(list_mutex_);
+  for (const auto& watcher : list_) {
+    Target target{watcher, {}, 0};
+    for (size_t i = 0; i < notices.size(); ++i)
+      if (Contains(notices[i].followers, watcher->follower)) target.notices.push_back(i);
+    if (!target.notices.empty()) targets.push_back(std::move(target));
+  }
+  // A watcher whose reply is still being sent: its events go after the
+  // reply (the same connection), so wait for it, within the one deadline.
+  auto replying = [&] {
+    return std::any_of(targets.begin(), targets.end(), [](const Target& t) {
+      return t.watcher->state == Watcher::State::kReplying;
+    });
+  };
+  while (replying() && !deadline.Expired())
+    activated_.wait_for(lock, std::chrono::milliseconds(deadline.RemainingMs()));
+  return targets;
+}
+
+void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, bool newly,
+                   NotifyResult* result) {
+  Watcher& watcher = *target.watcher;
+  if (newly) watcher.lag_sequence = watcher.sequence;
+  if (!watcher.lagging) watcher.lagging = true;
+  for (size_t k = target.next; k < target.notices.size() && !watcher.overflowed; ++k) {
+    const WatchNotice& notice = notices[target.notices[k]];
+    if (watcher.backlog.size() >= max_backlog_ && watcher.backlog.count(notice.base) == 0) {
+      watcher.overflowed = true;  // told to drop everything when it answers (CatchUp)
+      watcher.backlog.clear();
+      VMMIPC_LOG_ERROR(
+          "follow: importer pid {} missed pauses and resumes of more than {} chunks; once it "
+          "answers it is told to drop its mappings of this process's memory, and is no longer "
+          "followed",
+          watcher.pid, max_backlog_);
+      break;
+    }
+    Fold(watcher, notice);
+  }
+  target.next = target.notices.size();
+  // Sent and not acked: the follower still reads them when it runs, but
+  // they are no longer this call's to wait for.
+  for (auto& [sequence, notice] : watcher.outstanding) notice = -1;
+  result->lagging.push_back(watcher.follower);
+  if (newly) result->newly_lagging.emplace_back(watcher.follower, watcher.pid);
+}
+
+bool Watchers::SendNotices(Target& target, const std::vector<WatchNotice>& notices, int stop_fd,
+                           NotifyResult* result) {
+  while (target.next < target.notices.size()) {
+    const size_t index = target.notices[target.next];
+    const WatchNotice& notice = notices[index];
+    wire::Event event;
+    event.kind = notice.kind;
+    event.base = notice.base;
+    event.size = notice.size;
+    event.generation = notice.generation;
+    bool would_block = false;
+    if (!SendEvent(*target.watcher, event, notice.fd, static_cast<int>(index), Deadline::AfterMs(0),
+                   stop_fd, &would_block))
+      return false;
+    if (would_block) return true;
+    ++target.next;
+    ++result->events_sent;
+  }
+  return true;
+}
+
+void Watchers::Exchange(std::vector<Target>& targets, const std::vector<WatchNotice>& notices,
+                        const Deadline& deadline, int stop_fd, NotifyResult* result) {
+  std::vector<pollfd> pfds;
+  std::vector<Target*> polled;
+  for (;;) {
+    pfds.clear();
+    polled.clear();
+    for (Target& target : targets) {
+      Watcher& watcher = *target.watcher;
+      if (watcher.dead || watcher.lagging || watcher.state != Watcher::State::kActive) continue;
+      short events = 0;
+      if (target.next < target.notices.size()) events |= POLLOUT;
+      if (target.WaitsForAck()) events |= POLLIN;
+      if (events == 0) continue;
+      pfds.push_back({watcher.fd.get(), events, 0});
+      polled.push_back(&target);
+    }
+    if (polled.empty()) return;
+    pfds.push_back({stop_fd, POLLIN, 0});
+    const int n = ::poll(pfds.data(), pfds.size(), deadline.RemainingMs());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || (stop_fd >= 0 && pfds.back().revents != 0)) return;
+    for (size_t i = 0; i < polled.size(); ++i) {
+      const short revents = pfds[i].revents;
+      Target& target = *polled[i];
+      const bool gone = (revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 && (revents & POLLIN) == 0;
+      if (((revents & POLLIN) != 0 && !ReadAcks(*target.watcher, result)) || gone ||
+          ((revents & POLLOUT) != 0 && !SendNotices(target, notices, stop_fd, result)))
+        Drop(target.watcher);  // out of protocol, or the importer exited
+    }
+  }
+}
+
+NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeout_ms,
+                              int stop_fd) {
+  NotifyResult result;
+  result.done.resize(notices.size());
+  std::lock_guard<std::mutex> notifying(notify_mutex_);
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  std::vector<Target> targets = TargetsOf(notices, deadline);
+  for (Target& target : targets) {
+    Watcher& watcher = *target.watcher;
+    if (watcher.dead) continue;  // cancelled: its grant never went out
+    if (watcher.state != Watcher::State::kActive) {
+      Lag(target, notices, /*newly=*/true, &result);  // its reply is stuck
+      continue;
+    }
+    if (!watcher.lagging) continue;
+    // Answering again? Then it gets what it missed first, and these after.
+    if (ReadAcks(watcher, &result)) CatchUp(watcher, stop_fd);
+    if (!ReadAcks(watcher, &result) || watcher.dead)
+      Drop(target.watcher);
+    else if (watcher.lagging)
+      Lag(target, notices, /*newly=*/false, &result);
+  }
+  // Sends and acks together, on every watcher at once: a follower that does
+  // not read holds up only its own events, never another's.
+  Exchange(targets, notices, deadline, stop_fd, &result);
+  // Whoever is not done by now lags: it is not waited for again until it
+  // has answered everything sent before, and gets the rest as catch-up.
+  for (Target& target : targets) {
+    Watcher& watcher = *target.watcher;
+    if (watcher.dead || watcher.lagging) continue;
+    if (target.next < target.notices.size() || target.WaitsForAck())
+      Lag(target, notices, /*newly=*/true, &result);
+  }
+  return result;
+}
+
+}  // namespace vmmipc::transport
