@@ -132,12 +132,48 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
   return true;
 }
 
+// The checks of a request whose preamble parsed, in order; kNone when it is
+// ours to serve, `*request` then parsed and its MAC verified. The uid check
+// comes before anything else is looked at: another user gets nothing but
+// this refusal, whatever it sent, and its message (with any fd it carries)
+// is never taken off the queue.
+RefuseReason CheckRequest(const Connection& c, const ServeContext& context,
+                          const PeekedMessage& message, std::span<const uint8_t> bytes,
+                          const wire::RequestPreamble& preamble, wire::Request* request,
+                          std::string* why) {
+  if (c.peer.uid != context.uid) {
+    *why = fmt::format("peer uid {} is not this process's uid {}", c.peer.uid, context.uid);
+    return RefuseReason::kWrongUser;
+  }
+  if (message.carries_fds) {
+    *why = "the request carried fds";
+    return RefuseReason::kBadRequest;
+  }
+  if (message.truncated) {
+    *why = fmt::format("request longer than {} bytes", kRequestBufferSize);
+    return RefuseReason::kBadRequest;
+  }
+  const wire::WireError parsed = wire::ParseRequest(bytes, context.secret, request);
+  if (parsed == wire::WireError::kBadMac) {
+    *why = fmt::format(
+        "request MAC does not verify for pid {}: the handle is not one "
+        "this process made (stale after pid reuse, or edited or forged)",
+        preamble.exporter_pid);
+    return RefuseReason::kBadToken;
+  }
+  if (parsed != wire::WireError::kOk) {
+    *why = fmt::format("request version {}, {} bytes: {}", preamble.version, message.length,
+                       wire::WireErrorName(parsed));
+    return RefuseReason::kBadRequest;
+  }
+  return RefuseReason::kNone;
+}
+
 ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out) {
   std::vector<uint8_t> buffer(kRequestBufferSize);
   PeekedMessage message;
   const IoResult io = PeekMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(0));
   if (io.status == IoStatus::kTimeout) return ReadOutcome::kWaiting;
-  const bool same_user = c.peer.uid == context.uid;
   if (!io.ok()) {
     if (MayLog(context.name))
       VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{})", context.name,
@@ -172,39 +208,21 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   wire::Request claimed;
   const bool readable = wire::PeekRequestFields(bytes, &claimed);
   const uint64_t address = readable ? claimed.address : 0;
-  const SipKey refusal_key = readable ? wire::KeyFor(context.secret, claimed.handle())
-                                      : wire::DeriveKey(0, preamble.exporter_pid);
-  auto refuse = [&](RefuseReason reason, const std::string& why) {
-    SendRefusal(c.fd.get(), context, refusal_key, c.peer, preamble.nonce, address, reason, why,
+  const SipKey key = readable ? wire::KeyFor(context.secret, claimed.handle())
+                              : wire::DeriveKey(0, preamble.exporter_pid);
+  wire::Request request;
+  std::string why;
+  if (RefuseReason reason = CheckRequest(c, context, message, bytes, preamble, &request, &why);
+      reason != RefuseReason::kNone) {
+    SendRefusal(c.fd.get(), context, key, c.peer, preamble.nonce, address, reason, why,
                 std::min(context.timeout_ms, kRefusalSendMs));
     Close(std::move(c.fd), context);
     return ReadOutcome::kDone;
-  };
-  // The uid check comes before anything else is looked at: another user gets
-  // nothing but this refusal, whatever it sent, and its message (with any fd
-  // it carries) is never taken off the queue.
-  if (!same_user)
-    return refuse(RefuseReason::kWrongUser,
-                  fmt::format("peer uid {} is not this process's uid {}", c.peer.uid, context.uid));
-  if (message.carries_fds) return refuse(RefuseReason::kBadRequest, "the request carried fds");
-  if (message.truncated)
-    return refuse(RefuseReason::kBadRequest,
-                  fmt::format("request longer than {} bytes", kRequestBufferSize));
-  wire::Request request;
-  const wire::WireError parsed = wire::ParseRequest(bytes, context.secret, &request);
-  if (parsed == wire::WireError::kBadMac)
-    return refuse(RefuseReason::kBadToken,
-                  fmt::format("request MAC does not verify for pid {}: the handle is not one "
-                              "this process made (stale after pid reuse, or edited or forged)",
-                              preamble.exporter_pid));
-  if (parsed != wire::WireError::kOk)
-    return refuse(RefuseReason::kBadRequest,
-                  fmt::format("request version {}, {} bytes: {}", preamble.version, message.length,
-                              wire::WireErrorName(parsed)));
+  }
   out->fd = std::move(c.fd);
   out->peer = c.peer;
   out->nonce = preamble.nonce;
-  out->key = refusal_key;  // verified: the key of the handle the request named
+  out->key = key;  // verified: the key of the handle the request named
   out->request.peer_pid = c.peer.pid;
   out->request.peer_uid = c.peer.uid;
   out->request.address = request.address;
