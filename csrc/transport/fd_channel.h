@@ -104,10 +104,4 @@ void DiscardPeekedMessage(int fd);
 // where the kernel does not know the option.
 bool RefuseIncomingFds(int listen_fd);
 
-// Closes a connection whose peer may have queued fds we never received:
-// shuts it down, and when something is still queued, hands it to the reaper
-// (fd_reaper.h) so that the last close of those fds cannot block this
-// thread. Returns true when it went to the reaper.
-bool CloseConnection(ScopedFd connection);
-
 }  // namespace vmmipc::transport

@@ -27,6 +27,12 @@ namespace vmmipc::transport {
 // Takes ownership of `fd` and closes it in the background.
 void CloseInBackground(ScopedFd fd) noexcept;
 
+// Closes a connection whose peer may have queued fds we never received:
+// shuts it down, and when something is still queued, hands it to the reaper
+// so that the last close of those fds cannot block this thread. Returns true
+// when it went to the reaper.
+bool CloseConnection(ScopedFd connection);
+
 // A forked child: the parent's reaper threads do not exist there; forget
 // their state without touching their lock (it may be held), close the
 // child's copies of the inbox, and start afresh on next use.

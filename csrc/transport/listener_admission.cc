@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "transport/fd_reaper.h"
 #include "transport/listener_impl.h"
 
 namespace vmmipc::transport {

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "common/syscall.h"
+#include "transport/fd_reaper.h"
 #include "transport/listener_impl.h"
 
 namespace vmmipc::transport {

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
+#include "transport/fd_reaper.h"
 
 namespace vmmipc::transport {
 

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "common/syscall.h"
+#include "transport/fd_reaper.h"
 
 namespace vmmipc::transport {
 namespace {

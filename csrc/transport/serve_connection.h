@@ -9,7 +9,7 @@
 //    the reply is one message, and hands longer replies to a worker, whose
 //    sends may wait on a slow reader.
 // Connections that may still hold a peer's fds are closed through
-// CloseConnection (fd_channel.h), never by a plain close() here.
+// CloseConnection (fd_reaper.h), never by a plain close() here.
 // ServeConnection runs both phases on the calling thread (tests, fuzzing).
 #pragma once
 

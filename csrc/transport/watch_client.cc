@@ -18,6 +18,7 @@
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
+#include "transport/fd_reaper.h"
 #include "transport/peer_fds.h"
 
 namespace vmmipc::transport {

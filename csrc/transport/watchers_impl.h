@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "transport/fd_reaper.h"
 #include "transport/watchers.h"
 
 namespace vmmipc::transport {
