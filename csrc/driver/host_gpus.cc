@@ -1,5 +1,6 @@
 // The host's GPUs by PCI address, from the NVIDIA driver's /proc folder or
-// sysfs, and the index of one of this process's devices among them.
+// sysfs, and the index among them of a PCI address, or of one of this
+// process's devices (whose address the driver tells).
 #include "driver/host_gpus.h"
 
 #include <dirent.h>
@@ -82,22 +83,9 @@ std::vector<PciAddress> ListHostGpus(const std::string& folder, bool need_displa
   return gpus;
 }
 
-HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& folder) {
+HostGpu LocateHostGpu(const PciAddress& address, const std::string& folder) {
   HostGpu found;
-  char bus_id[64] = {};
-  const CUresult asked = real.DeviceGetPCIBusId != nullptr
-                             ? real.DeviceGetPCIBusId(bus_id, sizeof(bus_id), device)
-                             : MissingEntryPoint("DeviceGetPCIBusId");
-  std::optional<PciAddress> mine;
-  if (asked == CUDA_SUCCESS) mine = ParsePciAddress(bus_id);
-  if (!mine) {
-    found.why_not =
-        asked == CUDA_SUCCESS
-            ? fmt::format("the driver gave device {} the PCI address '{}'", device, bus_id)
-            : fmt::format("cuDeviceGetPCIBusId(device {}) failed: {}", device, ErrorName(asked));
-    return found;
-  }
-  found.pci = FormatPciAddress(*mine);
+  found.pci = FormatPciAddress(address);
   // The configured folder alone; else /proc (GPUs only), then sysfs.
   std::vector<std::pair<std::string, bool>> lists;
   if (!folder.empty()) {
@@ -116,7 +104,7 @@ HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& 
     }
     found.list = list;
     found.count = static_cast<int>(gpus.size());
-    const auto at = std::find(gpus.begin(), gpus.end(), *mine);
+    const auto at = std::find(gpus.begin(), gpus.end(), address);
     if (at == gpus.end()) {
       found.why_not =
           fmt::format("{} is not among the {} GPUs that {} lists", found.pci, gpus.size(), list);
@@ -127,6 +115,24 @@ HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& 
   }
   found.why_not = fmt::format("no list of the host's GPUs: {}", whys);
   return found;
+}
+
+HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& folder) {
+  char bus_id[64] = {};
+  const CUresult asked = real.DeviceGetPCIBusId != nullptr
+                             ? real.DeviceGetPCIBusId(bus_id, sizeof(bus_id), device)
+                             : MissingEntryPoint("DeviceGetPCIBusId");
+  std::optional<PciAddress> mine;
+  if (asked == CUDA_SUCCESS) mine = ParsePciAddress(bus_id);
+  if (!mine) {
+    HostGpu found;
+    found.why_not =
+        asked == CUDA_SUCCESS
+            ? fmt::format("the driver gave device {} the PCI address '{}'", device, bus_id)
+            : fmt::format("cuDeviceGetPCIBusId(device {}) failed: {}", device, ErrorName(asked));
+    return found;
+  }
+  return LocateHostGpu(*mine, folder);
 }
 
 }  // namespace vmmipc::driver

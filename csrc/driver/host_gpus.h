@@ -50,9 +50,14 @@ struct HostGpu {
   std::string why_not;  // when index is -1: why
 };
 
-// Where `device` (an ordinal of this process) stands among the host's GPUs,
-// asking `real` for its PCI address. `folder` (VMMIPC_HOST_GPUS) empty:
-// /proc/driver/nvidia/gpus, else /sys/bus/pci/drivers/nvidia.
+// Where the GPU at `address` stands among the host's GPUs, from the list in
+// `folder` (VMMIPC_HOST_GPUS); empty: /proc/driver/nvidia/gpus, else
+// /sys/bus/pci/drivers/nvidia. Asks no driver (vmmipc-config is given the
+// address).
+HostGpu LocateHostGpu(const PciAddress& address, const std::string& folder);
+
+// LocateHostGpu for `device` (an ordinal of this process), asking `real` for
+// its PCI address.
 HostGpu FindHostGpu(const RealDriver& real, CUdevice device, const std::string& folder);
 
 }  // namespace vmmipc::driver

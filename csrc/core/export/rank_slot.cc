@@ -12,6 +12,9 @@
 namespace vmmipc::core {
 namespace {
 
+// Params::SlotFor's bound is the highest slot a handle can say.
+static_assert(config::kMaxRank + 1 == state::kUnranked);
+
 constexpr int32_t kNotAsked = 0;
 constexpr int32_t kNoSlot = -1;
 
@@ -31,7 +34,7 @@ int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& p
              device, gpu.why_not);
     return kNoSlot;
   }
-  if (gpu.index >= static_cast<int>(state::kUnranked)) return kNoSlot;  // a handle cannot say it
+  if (params.SlotFor(gpu.index) < 0) return kNoSlot;  // a handle cannot say it
   if (!state.gpu_slot_tagged) {
     state.gpu_slot_tagged = true;
     log::SetRank(gpu.index, /*from_gpu=*/true);
