@@ -12,7 +12,7 @@
 include(CMakePackageConfigHelpers)
 
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/vmmipc-run DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/python/
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/
         DESTINATION ${CMAKE_INSTALL_DATADIR}/vmmipc/python
         FILES_MATCHING PATTERN "*.py"
         PATTERN "__pycache__" EXCLUDE)

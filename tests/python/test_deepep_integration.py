@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of vmmipc.deepep (scripts/python/vmmipc/deepep.py) against stand-in
+"""Tests of vmmipc.deepep (python/vmmipc/deepep.py) against stand-in
 deep_ep modules: the real DeepEP needs torch, CUDA and NVSHMEM, none of which
 this needs. A stand-in has the Buffer.__init__ signature of a DeepEP release
 with use_fabric (and of releases without it: older 1.x, and 2.x's legacy
@@ -7,7 +7,7 @@ Buffer) and records what it was given. The integration never breaks a job:
 where there is nothing to rewrite it logs one line and passes through.
 
 Every case runs in a fresh Python process (imports and sys.meta_path stay
-clean), with scripts/python and the stand-in on PYTHONPATH.
+clean), with python/ and the stand-in on PYTHONPATH.
 Standard library only. ctest: scripts.deepep_integration (unit).
 """
 
@@ -20,7 +20,7 @@ import textwrap
 import unittest
 
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PYTHON_DIR = os.path.join(SOURCE_DIR, "scripts", "python")
+PYTHON_DIR = os.path.join(SOURCE_DIR, "python")
 
 # DeepEP with use_fabric (the signature of deep_ep.Buffer in releases that have it).
 STANDIN_WITH_FABRIC = '''

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of the launcher (the module vmmipc.run, scripts/python/vmmipc/run.py, run through
+"""Tests of the launcher (the module vmmipc.run, python/vmmipc/run.py, run through
 its wrapper scripts/vmmipc-run): its table of variables against params.def, its parsers
 against the library's, LD_PRELOAD handling, the run mode's environment, where it finds the
 library (install tree, wheel), `python -m vmmipc`, and --check without a driver and (with
@@ -23,7 +23,7 @@ import unittest
 
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(SOURCE_DIR, "scripts", "vmmipc-run")
-PYTHON_DIR = os.path.join(SOURCE_DIR, "scripts", "python")
+PYTHON_DIR = os.path.join(SOURCE_DIR, "python")
 MODULE = os.path.join(PYTHON_DIR, "vmmipc", "run.py")
 OPTIONS = argparse.Namespace(lib=None, sim_dir=None)
 NO_DRIVER = "libcuda-that-does-not-exist.so.1"
@@ -235,7 +235,7 @@ class LauncherTest(unittest.TestCase):
         seen = self.print_env(["--deepep"], PYTHONPATH="/elsewhere")
         self.assertEqual(seen["DEEPEP_VMMIPC"], "1")
         self.assertEqual(seen["PYTHONPATH"],
-                         os.path.join(SOURCE_DIR, "scripts", "python") + ":/elsewhere")
+                         os.path.join(SOURCE_DIR, "python") + ":/elsewhere")
         script = "import sys; print('vmmipc.deepep' in sys.modules)"
         result = run(["--lib", self.lib, "--deepep", "--", sys.executable, "-c", script],
                      clean_env())

@@ -27,7 +27,7 @@ caller sees is DeepEP's own. Only use_fabric=True is rewritten (to False).
 
 Activation, either:
   - explicit, in the program:  import vmmipc.deepep; vmmipc.deepep.install()
-  - from the environment: DEEPEP_VMMIPC=1 with scripts/python on PYTHONPATH
+  - from the environment: DEEPEP_VMMIPC=1 with python/ (of a source tree) on PYTHONPATH
     (what `vmmipc-run --deepep` sets); the sitecustomize there calls
     install_from_environment(), which patches deep_ep when it is imported.
 

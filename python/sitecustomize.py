@@ -1,6 +1,6 @@
 """sitecustomize of vmmipc's Python integrations.
 
-`vmmipc-run --deepep` puts this folder on PYTHONPATH (scripts/python, share/vmmipc/python,
+`vmmipc-run --deepep` puts this folder on PYTHONPATH (python/ of a source tree, share/vmmipc/python,
 or vmmipc/_site of a `pip install .`, whose vmmipc package is then the one installed
 in that Python) and sets DEEPEP_VMMIPC=1;
 Python then imports this file at start-up (the site module does), in every

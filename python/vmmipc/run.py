@@ -70,7 +70,7 @@ PROC_GPU_LIST = "/proc/driver/nvidia/gpus"
 SYSFS_GPU_LIST = "/sys/bus/pci/drivers/nvidia"
 SUN_PATH_MAX = 107  # bytes of a socket path, without the terminating NUL
 USER_ADDRESS_END = 1 << 47  # params.h kUserAddressEnd: no part of the layout reaches past it
-DEEPEP_VARIABLE = "DEEPEP_VMMIPC"  # read by scripts/python/sitecustomize.py
+DEEPEP_VARIABLE = "DEEPEP_VMMIPC"  # read by python/sitecustomize.py
 
 # CUDA driver API values used by the probe (cuda.h).
 CUDA_SUCCESS = 0
@@ -321,7 +321,7 @@ def _tree_root(directory, *tail):
 def library_candidates():
     """Where libvmmipc.so is looked for: inside this package (a wheel), then the
     prefix of a cmake --install tree (share/vmmipc/python/vmmipc), then the build
-    folder of a source tree (scripts/python/vmmipc)."""
+    folder of a source tree (python/vmmipc)."""
     here = package_dir()
     found = [os.path.join(here, LIBRARY_NAME)]
     prefix = _tree_root(here, "share", "vmmipc", "python", "vmmipc")
@@ -331,7 +331,7 @@ def library_candidates():
         if multiarch:
             libdirs.append(os.path.join("lib", multiarch))
         found += [os.path.join(prefix, d, LIBRARY_NAME) for d in libdirs]
-    root = _tree_root(here, "scripts", "python", "vmmipc")
+    root = _tree_root(here, "python", "vmmipc")
     if root:
         build_dir = os.environ.get("BUILD_DIR", "build")  # as scripts/*.sh use it
         found.append(os.path.join(root, build_dir, "csrc", LIBRARY_NAME))
@@ -403,7 +403,7 @@ def run_environment(args, library, env):
         if pydir is None:
             raise SystemExit("vmmipc-run: --deepep: the vmmipc sitecustomize hook is not "
                              "installed beside this package (share/vmmipc/python, "
-                             "scripts/python, or vmmipc/_site of a wheel)")
+                             "python/ of a source tree, or vmmipc/_site of a wheel)")
         changes[DEEPEP_VARIABLE] = "1"
         changes["PYTHONPATH"] = prepend_path(env.get("PYTHONPATH"), pydir)
     return changes
