@@ -5,11 +5,14 @@ or preload_env() below) and works below every CUDA client. This package holds
 the launcher and optional framework integrations:
 
   vmmipc.run      the launcher: `vmmipc-run [options] -- CMD`, `vmmipc-run --check`
+                  (vmmipc.check, vmmipc.check_driver, vmmipc.probe)
+  vmmipc.settled  what the library settles in an environment, asked of vmmipc-config
   vmmipc.deepep   make DeepEP's NVL buffer take the legacy IPC path
                   (cudaIpcGetMemHandle), which vmmipc serves on VMM memory
   python -m vmmipc --lib        the path of the library (inside this package
                                 after `pip install .`)
   python -m vmmipc --print-env  LD_PRELOAD for a shell: eval "$(python -m vmmipc --print-env)"
+  python -m vmmipc --config     the settled configuration, as JSON
 
 and small helpers they share. Nothing here imports torch or a framework until
 an integration is installed.
@@ -20,15 +23,25 @@ import sys
 
 __version__ = "0.1.0"
 
+_rank_labels = {}  # by the variables that decide the rank: the label settled for them
+
 
 def rank_label(environ=None):
-    """The rank part of a log prefix, chosen as the library chooses its rank."""
+    """The rank part of a log prefix: the rank the library settles in `environ`
+    (vmmipc-config, asked once per set of rank variables), "unranked" without one,
+    "rank ?" when vmmipc-config cannot be asked."""
+    from vmmipc import settled
+
     environ = os.environ if environ is None else environ
-    for name in ("VMMIPC_RANK", "LOCAL_RANK", "RANK"):
-        text = environ.get(name, "").strip()
-        if text.isdigit() and int(text) <= 0xFFFE:
-            return f"rank {int(text)}"
-    return "unranked"
+    key = tuple(environ.get(name) for name in
+                ("VMMIPC_RANK", "LOCAL_RANK", "RANK", "VMMIPC_RANK_FROM"))
+    if key not in _rank_labels:
+        try:
+            rank = settled.settle(environ).rank
+            _rank_labels[key] = f"rank {rank}" if rank >= 0 else "unranked"
+        except settled.ToolError:
+            _rank_labels[key] = "rank ?"
+    return _rank_labels[key]
 
 
 def log(level, message):
@@ -41,11 +54,11 @@ def library_path():
     """The absolute path of libvmmipc.so that vmmipc-run would preload: inside this
     package after `pip install .`, else the install tree or the source tree's build.
     Raises FileNotFoundError, naming the places looked at, when there is none."""
-    from vmmipc import run
+    from vmmipc import paths
 
-    path, looked_at = run.find_library(None)
+    path, looked_at = paths.find_library(None)
     if path is None:
-        raise FileNotFoundError(f"{run.LIBRARY_NAME} not found (looked at: "
+        raise FileNotFoundError(f"{paths.LIBRARY_NAME} not found (looked at: "
                                 f"{', '.join(looked_at)})")
     return path
 
@@ -55,9 +68,9 @@ def preload_env(environ=None, library=None):
     for a subprocess: subprocess.run(cmd, env=vmmipc.preload_env()). Other preloads are
     kept in order; another libvmmipc.so is dropped. VMMIPC_* variables are left as
     they are (set them in the returned mapping)."""
-    from vmmipc import run
+    from vmmipc import preload
 
     env = dict(os.environ if environ is None else environ)
-    env["LD_PRELOAD"] = run.prepend_preload(env.get("LD_PRELOAD"),
-                                            library or library_path())
+    env["LD_PRELOAD"] = preload.prepend_preload(env.get("LD_PRELOAD"),
+                                                library or library_path())
     return env

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The install tree as a user gets it: `cmake --install BUILD --prefix P`, then
 # P/bin/vmmipc-run --check (no driver: it must find the installed library and
-# fail on the driver only), the run mode's LD_PRELOAD, --deepep's Python hook,
+# fail on the driver only), its options settled by P/bin/vmmipc-config, the run
+# mode's LD_PRELOAD, --deepep's Python hook,
 # pkg-config, a CMake project that does find_package(vmmipc), and the same
 # after moving the tree.
 #   install_smoke.sh BUILD_DIR [CMAKE]
@@ -16,13 +17,16 @@ fail() { echo "install_smoke: $*" >&2; exit 1; }
 lib=$(find "$work/p" -name libvmmipc.so -type f | head -1)
 [ -n "$lib" ] || fail "no libvmmipc.so installed"
 libdir=${lib%/libvmmipc.so}
-for f in bin/vmmipc-run share/vmmipc/python/vmmipc/deepep.py share/vmmipc/python/vmmipc/run.py \
+for f in bin/vmmipc-run bin/vmmipc-config share/vmmipc/python/vmmipc/deepep.py \
+         share/vmmipc/python/vmmipc/run.py share/vmmipc/python/vmmipc/settled.py \
+         share/vmmipc/python/vmmipc/probe.py \
          share/vmmipc/python/vmmipc/__main__.py share/vmmipc/python/sitecustomize.py \
          share/doc/vmmipc/README.md share/doc/vmmipc/docs/configuration.md \
          share/doc/vmmipc/docs/bench-h200.png; do
   [ -e "$work/p/$f" ] || fail "$f not installed"
 done
 [ -x "$work/p/bin/vmmipc-run" ] || fail "bin/vmmipc-run is not executable"
+[ -x "$work/p/bin/vmmipc-config" ] || fail "bin/vmmipc-config is not executable"
 [ -f "$libdir/pkgconfig/vmmipc.pc" ] || fail "vmmipc.pc not installed"
 [ -f "$libdir/cmake/vmmipc/vmmipcConfig.cmake" ] || fail "vmmipcConfig.cmake not installed"
 
@@ -35,6 +39,9 @@ check_tree() {  # prefix
     fail "--check did not find the installed library: $out"
   grep -q "^VERDICT: FAIL: cannot share memory here: no CUDA driver" <<<"$out" ||
     fail "--check verdict: $out"
+  # The installed vmmipc-config settles the options (BUILD_DIR: no source tree to fall back on).
+  out=$(env -u LD_PRELOAD BUILD_DIR=/nonexistent "$p/bin/vmmipc-run" --log-level INFO --print-env)
+  grep -q "^export VMMIPC_LOG_LEVEL=info$" <<<"$out" || fail "--log-level in $p: $out"
   # shellcheck disable=SC2016  # expanded by the child shell, after vmmipc-run set it
   out=$(env -u LD_PRELOAD "$p/bin/vmmipc-run" -- sh -c 'echo "$LD_PRELOAD"')
   [[ $out == "$p"/*/libvmmipc.so || $out == "$p"/lib/libvmmipc.so ]] ||

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Tests of the launcher (the module vmmipc.run, python/vmmipc/run.py, run through
-its wrapper scripts/vmmipc-run): its table of variables against params.def, its parsers
-against the library's, LD_PRELOAD handling, the run mode's environment, where it finds the
-library (install tree, wheel), `python -m vmmipc`, and --check without a driver and (with
---sim-dir) on the simulated driver.
+"""Tests of the launcher (the package vmmipc in python/, run through its wrapper
+scripts/vmmipc-run) and of vmmipc-config, which it asks: the tool's report (every
+variable with its source and error, the layout, the rank, the slots from the GPU, the
+socket verdict, its usage errors), the launcher showing what the tool says, LD_PRELOAD
+handling, the run mode's environment, where it finds the library and the tool (install
+tree, wheel), `python -m vmmipc`, and --check without a driver and (with --sim-dir) on
+the simulated driver.
 
-  test_vmmipc_run.py --lib build/csrc/libvmmipc.so [--sim-dir build/sim] [unittest args]
+  test_vmmipc_run.py --lib build/csrc/libvmmipc.so [--tool build/csrc/vmmipc-config]
+                     [--sim-dir build/sim] [unittest args]
 
 Standard library only. ctest: scripts.vmmipc_run (unit) and scripts.vmmipc_run_check_sim (sim).
 """
 
 import argparse
-import importlib.machinery
-import importlib.util
+import json
 import os
 import re
 import shutil
@@ -24,27 +26,23 @@ import unittest
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(SOURCE_DIR, "scripts", "vmmipc-run")
 PYTHON_DIR = os.path.join(SOURCE_DIR, "python")
-MODULE = os.path.join(PYTHON_DIR, "vmmipc", "run.py")
-OPTIONS = argparse.Namespace(lib=None, sim_dir=None)
+OPTIONS = argparse.Namespace(lib=None, tool=None, sim_dir=None)
 NO_DRIVER = "libcuda-that-does-not-exist.so.1"
 
-
-def load_script():
-    loader = importlib.machinery.SourceFileLoader("vmmipc_run", MODULE)
-    spec = importlib.util.spec_from_loader("vmmipc_run", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-run_module = load_script()
+sys.path.insert(0, PYTHON_DIR)
+import vmmipc  # noqa: E402  (from this source tree)
+from vmmipc import check_driver, preload, run as run_module  # noqa: E402
 
 
 def clean_env(**extra):
-    """The test's environment without any VMMIPC_*/rank variables, plus `extra`."""
+    """The test's environment without any VMMIPC_*/rank variables, plus `extra`. The
+    build of --lib is the source tree's BUILD_DIR, so that what the launcher finds
+    without --lib is that build's."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VMMIPC_") and k not in ("LOCAL_RANK", "RANK", "LD_PRELOAD",
                                                         "DEEPEP_VMMIPC", "SIMCUDA_DEVICE_COUNT")}
+    if OPTIONS.lib:
+        env["BUILD_DIR"] = os.path.dirname(os.path.dirname(os.path.abspath(OPTIONS.lib)))
     env.update(extra)
     return env
 
@@ -54,127 +52,259 @@ def run(args, env, **kwargs):
                           text=True, timeout=120, **kwargs)
 
 
-class ConfigTableTest(unittest.TestCase):
-    """The script's copy of the library's table and parsers."""
+def tool_path():
+    if OPTIONS.tool:
+        return os.path.abspath(OPTIONS.tool)
+    if OPTIONS.lib:
+        return os.path.join(os.path.dirname(os.path.abspath(OPTIONS.lib)), "vmmipc-config")
+    return None
 
-    def test_table_matches_params_def(self):
-        with open(os.path.join(SOURCE_DIR, "csrc", "config", "params.def")) as handle:
-            text = handle.read()
-        kinds = {"kBool": "bool", "kInt": "int", "kSize": "size", "kString": "string",
-                 "kLogLevel": "level"}
-        declared = [(name, kinds[kind], default) for name, kind, default in re.findall(
-            r'VMMIPC_PARAM\(\s*\w+,\s*"(\w+)",\s*(k\w+),\s*"([^"]*)"', text)]
-        self.assertTrue(declared)
-        self.assertEqual(run_module.PARAMS, declared,
-                         "scripts/vmmipc-run's PARAMS differs from csrc/config/params.def")
 
+def tool(args=(), **env):
+    """vmmipc-config's report in clean_env(**env): (exit status, parsed JSON or None, stderr)."""
+    result = subprocess.run([tool_path()] + list(args), env=clean_env(**env),
+                            capture_output=True, text=True, timeout=60)
+    report = json.loads(result.stdout) if result.returncode == 0 and result.stdout else None
+    return result.returncode, report, result.stderr
+
+
+class VersionTest(unittest.TestCase):
     def test_version_matches_the_project(self):
         with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as handle:
             version = re.search(r"project\(vmmipc VERSION ([0-9.]+)", handle.read()).group(1)
         self.assertEqual(run_module.VERSION, version)
+        self.assertEqual(vmmipc.__version__, version)
         with open(os.path.join(SOURCE_DIR, "pyproject.toml")) as handle:
             self.assertEqual(re.search(r'^version = "([0-9.]+)"', handle.read(), re.M).group(1),
                              version)
-        sys.path.insert(0, PYTHON_DIR)
-        try:
-            import vmmipc
-        finally:
-            sys.path.pop(0)
-        self.assertEqual(vmmipc.__version__, version)
+        if tool_path():
+            out = subprocess.run([tool_path(), "--version"], capture_output=True, text=True)
+            self.assertEqual(out.stdout, f"vmmipc-config {version}\n")
 
-    def test_size_parser_accepts_what_the_library_accepts(self):
-        parse = run_module._parse_size
-        self.assertEqual(parse("1T"), 1 << 40)
-        self.assertEqual(parse("512GiB"), 512 << 30)
-        self.assertEqual(parse(" 64m "), 64 << 20)
-        self.assertEqual(parse("0x10"), 16)
-        self.assertEqual(parse("0x300000000000"), 0x300000000000)
-        self.assertEqual(parse("010"), 10)  # decimal: a leading zero is not octal
-        self.assertEqual(parse("08"), 8)
-        self.assertEqual(parse("010T"), 10 << 40)
-        for bad in ("", "-1", "+1", "12Q", "1TT", "0xZZ", "99999999999999999999", "20000000T",
-                    "0x", "0x0x10"):
-            with self.assertRaises(ValueError, msg=bad):
-                parse(bad)
 
-    def test_bool_int_and_level_parsers(self):
-        self.assertTrue(run_module._parse_bool(" Yes "))
-        self.assertFalse(run_module._parse_bool("off"))
-        self.assertRaises(ValueError, run_module._parse_bool, "maybe")
-        self.assertEqual(run_module._parse_int(" 5 "), 5)
-        self.assertRaises(ValueError, run_module._parse_int, "seven")
-        self.assertEqual(run_module._parse_level("WARNING"), "warn")
-        self.assertEqual(run_module._parse_level("none"), "off")
-        self.assertRaises(ValueError, run_module._parse_level, "loud")
+class ToolTest(unittest.TestCase):
+    """vmmipc-config's report: the library's own settling, as JSON."""
 
-    def test_bad_values_warn_and_keep_the_default(self):
-        config = run_module.Config({"VMMIPC_TIMEOUT_MS": "0", "VMMIPC_ZONE_BASE": "0x300000000001",
-                                    "VMMIPC_SLOT_SIZE": "512G", "VMMIPC_LOGLEVEL": "info"})
-        self.assertEqual(config["VMMIPC_TIMEOUT_MS"], 5000)
-        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x300000000000)
-        self.assertEqual(config["VMMIPC_SLOT_SIZE"], 512 << 30)
-        text = "\n".join(config.warnings)
-        self.assertIn("VMMIPC_TIMEOUT_MS='0' is ignored: must be between 1 and 3600000", text)
-        self.assertIn("VMMIPC_ZONE_BASE='0x300000000001' is ignored: must be a multiple", text)
-        self.assertIn("VMMIPC_LOGLEVEL is not a vmmipc variable", text)
+    def setUp(self):
+        if not tool_path():
+            self.skipTest("needs --lib or --tool")
 
-    def test_layout_is_settled_like_the_library(self):
-        # params_test.cc's ParamsLayout cases: the same values, the same outcome.
-        config = run_module.Config({"VMMIPC_ZONE_SLOTS": "2",
-                                    "VMMIPC_SLOT_SIZE": "0x8000000002000000"})
-        self.assertEqual((config["VMMIPC_ZONE_SLOTS"], config["VMMIPC_SLOT_SIZE"]), (8, 1 << 40))
+    def report(self, *args, **env):
+        code, report, stderr = tool(args, **env)
+        self.assertEqual(code, 0, stderr)
+        return report
+
+    def variable(self, report, name):
+        return next(v for v in report["variables"] if v["name"] == name)
+
+    def test_every_variable_of_params_def_is_reported_in_order(self):
+        with open(os.path.join(SOURCE_DIR, "csrc", "config", "params.def")) as handle:
+            declared = re.findall(r'VMMIPC_PARAM\(\s*\w+,\s*"(\w+)",\s*k\w+,\s*"([^"]*)"',
+                                  handle.read())
+        report = self.report()
+        self.assertEqual([(v["name"], v["default"]) for v in report["variables"]], declared)
+        for variable in report["variables"]:
+            self.assertEqual((variable["source"], variable["set"], variable["error"]),
+                             ("default", None, None), variable["name"])
+        self.assertEqual(report["warnings"], [])
+        self.assertTrue(report["summary"].startswith("config: all defaults;"), report["summary"])
+        self.assertEqual(self.variable(report, "VMMIPC_ZONE_BASE")["value"], 0x300000000000)
+        self.assertIs(self.variable(report, "VMMIPC_ENABLE")["value"], True)
+
+    def test_values_are_settled_as_the_library_settles_them(self):
+        report = self.report(VMMIPC_TIMEOUT_MS="0", VMMIPC_LOG_LEVEL=" WARNING ",
+                             VMMIPC_SLOT_SIZE="512G", VMMIPC_LOGLEVEL="info")
+        timeout = self.variable(report, "VMMIPC_TIMEOUT_MS")
+        self.assertEqual((timeout["value"], timeout["source"], timeout["set"]),
+                         (5000, "ignored", "0"))
+        self.assertEqual(timeout["error"], "ignoring VMMIPC_TIMEOUT_MS='0': must be between 1 and "
+                         "3600000; using the default 5000")
+        level = self.variable(report, "VMMIPC_LOG_LEVEL")
+        self.assertEqual((level["value"], level["source"]), ("warn", "environment"))
+        self.assertEqual(self.variable(report, "VMMIPC_SLOT_SIZE")["text"], "0x8000000000")
+        self.assertEqual(report["unknown_variables"], ["VMMIPC_LOGLEVEL"])
+        # 512 GiB slots leave the default 1 TiB arena no room: off, and said so.
+        self.assertEqual(report["warnings"][0], timeout["error"])
+        self.assertIn("export arena off", report["warnings"][1])
+        self.assertEqual(self.variable(report, "VMMIPC_ARENA")["source"], "layout")
+        self.assertEqual(report["layout"]["arena"], dict(report["layout"]["arena"], on=False,
+                                                         no_room=True))
+
+    def test_the_layout_is_the_librarys(self):
+        # params_test.cc's ParamsLayout cases, through the tool.
+        report = self.report(VMMIPC_ZONE_SLOTS="2", VMMIPC_SLOT_SIZE="0x8000000002000000")
+        zone = report["layout"]["zone"]
+        self.assertEqual((zone["slots"], zone["slot_size"], zone["size"]), (8, 1 << 40, 8 << 40))
         self.assertIn("the import zone (slots x slot size) overflows 64 bits",
-                      "\n".join(config.warnings))
-        config = run_module.Config({"VMMIPC_ZONE_BASE": "0x7f0000000000",
-                                    "VMMIPC_ZONE_FALLBACK_BASE": "0x340000000000",
-                                    "VMMIPC_ARENA_SIZE": "2T"})
-        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x300000000000)
-        self.assertEqual(config["VMMIPC_ZONE_FALLBACK_BASE"], 0x600000000000)
-        self.assertEqual(config["VMMIPC_ARENA_SIZE"], 1 << 40)
-        text = "\n".join(config.warnings)
-        self.assertIn("VMMIPC_ZONE_BASE=0x7f0000000000 is ignored: the import zone "
-                      "[0x7f0000000000, +8 TiB) ends past 0x800000000000", text)
-        self.assertIn("overlaps the import zone [0x300000000000, +8 TiB); the default "
-                      "0x600000000000 is used", text)
-        config = run_module.Config({"VMMIPC_ZONE_SLOTS": "100",
-                                    "VMMIPC_ZONE_BASE": "0x100000000000"})
-        self.assertEqual(config["VMMIPC_ZONE_BASE"], 0x100000000000)
-        self.assertEqual(config["VMMIPC_ZONE_FALLBACK_BASE"], 0)
-        self.assertFalse(config["VMMIPC_ARENA"])
-        self.assertEqual(config.layout_off, {"fallback", "arena"})
-        config = run_module.Config({"VMMIPC_SLOT_SIZE": "512G"})
-        self.assertFalse(config["VMMIPC_ARENA"])
-        self.assertEqual(run_module.Config({"VMMIPC_ZONE_BASE": "0x1000000000",
-                                            "VMMIPC_SLOT_SIZE": "0x400000000",
-                                            "VMMIPC_ZONE_FALLBACK_BASE": "0x4000000000",
-                                            "VMMIPC_ARENA_BASE": "0x6800000000",
-                                            "VMMIPC_ARENA_SIZE": "0x400000000"}).warnings, [])
+                      report["warnings"][0])
+        report = self.report(VMMIPC_ZONE_SLOTS="100", VMMIPC_ZONE_BASE="0x100000000000")
+        layout = report["layout"]
+        self.assertEqual((layout["zone"]["on"], layout["zone"]["base"]), (True, 0x100000000000))
+        self.assertEqual((layout["fallback"]["on"], layout["fallback"]["no_room"]), (False, True))
+        self.assertEqual((layout["arena"]["on"], layout["arena"]["no_room"]), (False, True))
+        report = self.report(VMMIPC_ZONE_FALLBACK_BASE="0", VMMIPC_ARENA="0")
+        self.assertEqual([(report["layout"][p]["on"], report["layout"][p]["no_room"])
+                          for p in ("fallback", "arena")], [(False, False), (False, False)])
+        self.assertEqual(report["layout"]["address_end"], 1 << 47)
 
-    def test_rank_falls_back_like_the_library(self):
-        def rank(env):
-            config = run_module.Config(env)
-            return config.rank, config.rank_source
+    def test_the_rank_and_its_fallbacks_are_the_librarys(self):
+        def rank(**env):
+            info = self.report(**env)["rank"]
+            return info["rank"], info["source"]
 
-        self.assertEqual(rank({}), (-1, "none"))
-        self.assertEqual(rank({"LOCAL_RANK": "2", "RANK": "9"}), (2, "LOCAL_RANK"))
-        self.assertEqual(rank({"RANK": "9"}), (9, "RANK"))
-        self.assertEqual(rank({"VMMIPC_RANK": "1", "LOCAL_RANK": "2"}), (1, "VMMIPC_RANK"))
-        self.assertEqual(rank({"VMMIPC_RANK": "-1", "LOCAL_RANK": "2"}), (2, "LOCAL_RANK"))
-        self.assertEqual(rank({"LOCAL_RANK": "x", "RANK": "4"}), (4, "RANK"))
-        self.assertEqual(rank({"LOCAL_RANK": "70000"}), (-1, "none"))
-        # VMMIPC_RANK_FROM gpu and off ignore the variables; env keeps them.
-        self.assertEqual(rank({"VMMIPC_RANK_FROM": "gpu", "VMMIPC_RANK": "1"}), (-1, "none"))
-        self.assertEqual(rank({"VMMIPC_RANK_FROM": "off", "LOCAL_RANK": "2"}), (-1, "none"))
-        self.assertEqual(rank({"VMMIPC_RANK_FROM": "env", "LOCAL_RANK": "2"}), (2, "LOCAL_RANK"))
-        config = run_module.Config({"VMMIPC_RANK_FROM": "sometimes"})
-        self.assertEqual(config["VMMIPC_RANK_FROM"], "auto")
-        self.assertIn("must be auto, env, gpu or off", " ".join(config.warnings))
+        self.assertEqual(rank(), (-1, "none"))
+        self.assertEqual(rank(LOCAL_RANK="2", RANK="9"), (2, "LOCAL_RANK"))
+        self.assertEqual(rank(VMMIPC_RANK="1", LOCAL_RANK="2"), (1, "VMMIPC_RANK"))
+        self.assertEqual(rank(LOCAL_RANK="x", RANK="4"), (4, "RANK"))
+        self.assertEqual(rank(VMMIPC_RANK_FROM="gpu", VMMIPC_RANK="1"), (-1, "none"))
+        report = self.report(LOCAL_RANK="70000")
+        self.assertEqual(report["warnings"], ["ignoring LOCAL_RANK='70000': not a rank between 0 "
+                                              "and 65534"])
+        self.assertEqual(self.variable(self.report(LOCAL_RANK="2"), "VMMIPC_RANK")["source"],
+                         "LOCAL_RANK")
+        info = self.report(VMMIPC_RANK_FROM="gpu")["rank"]
+        self.assertEqual((info["slot_from_gpu"], info["arena_wanted"]), (True, True))
+        info = self.report(LOCAL_RANK="9")["rank"]
+        self.assertEqual((info["fits_zone"], info["zone_slots"]), (False, 8))
 
-    def test_pci_addresses_parse_like_the_library(self):
-        self.assertEqual(run_module.parse_pci("0000:18:00.0"), (0, 0x18, 0, 0))
-        self.assertEqual(run_module.parse_pci("00000000:9A:1f.7"), (0, 0x9A, 0x1F, 7))
-        for bad in ("", "bind", "0000:18:00", "0000:18:20.0", "0000:18:00.8", "000:18:00.0"):
-            self.assertIsNone(run_module.parse_pci(bad), bad)
+    def test_slots_from_the_gpu_follow_the_host_list(self):
+        with tempfile.TemporaryDirectory() as folder:
+            for name in ("0000:13:00.0", "0000:10:00.0", "0000:11:00.0", "bind"):
+                os.mkdir(os.path.join(folder, name))
+            report = self.report("--pci", "00000000:13:00.0", "--pci=0000:12:00.0", "--pci", "x",
+                                 VMMIPC_HOST_GPUS=folder)
+        first, missing, bad = report["gpus"]
+        self.assertEqual((first["address"], first["index"], first["count"], first["list"],
+                          first["slot"], first["fits_zone"]),
+                         ("0000:13:00.0", 2, 3, folder, 2, True))
+        self.assertEqual((missing["slot"], missing["why_not"]),
+                         (None, f"0000:12:00.0 is not among the 3 GPUs that {folder} lists"))
+        self.assertEqual((bad["address"], bad["why_not"]), (None, "'x' is not a PCI address"))
+        gpu = self.report("--pci", "0000:13:00.0", VMMIPC_HOST_GPUS="/nonexistent")["gpus"][0]
+        self.assertIn("no list of the host's GPUs: /nonexistent cannot be read", gpu["why_not"])
+        # A rank from a variable is every GPU's slot; VMMIPC_RANK_FROM=env: none from the GPU.
+        self.assertEqual(self.report("--pci", "0000:13:00.0", LOCAL_RANK="5")["gpus"][0]["slot"],
+                         5)
+        self.assertIsNone(self.report("--pci", "0000:13:00.0", VMMIPC_HOST_GPUS=folder,
+                                      VMMIPC_RANK_FROM="env")["gpus"][0]["slot"])
+
+    def test_the_socket_verdict_is_the_librarys(self):
+        sockets = self.report()["sockets"]
+        self.assertEqual((sockets["kind"], sockets["usable"], sockets["problem"]),
+                         ("abstract", True, None))
+        self.assertEqual(sockets["pattern"], f"@vmmipc.{os.geteuid()}.<pid>")
+        self.assertRegex(sockets["network_namespace"], r"^net:\[[0-9]+\]$")
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o700)
+            sockets = self.report(VMMIPC_SOCKET_DIR=directory)["sockets"]
+            self.assertEqual((sockets["kind"], sockets["usable"]), ("directory", True))
+            self.assertEqual(sockets["pattern"],
+                             os.path.join(directory, f"vmmipc.{os.geteuid()}.<pid>.sock"))
+            self.assertLessEqual(sockets["longest_path"], sockets["path_limit"])
+            os.chmod(directory, 0o1777)
+            sockets = self.report(VMMIPC_SOCKET_DIR=directory)["sockets"]
+            self.assertEqual(sockets["problem"], "not_private")
+            self.assertTrue(sockets["why"].startswith("is writable by group and others (mode "
+                                                      "1777)"), sockets["why"])
+            os.chmod(directory, 0o700)
+            deep = os.path.join(directory, "d" * 100)
+            os.mkdir(deep, 0o700)
+            sockets = self.report(VMMIPC_SOCKET_DIR=deep)["sockets"]
+            self.assertEqual(sockets["problem"], "too_long")
+            self.assertIn("longer than the 107 a Unix socket allows", sockets["why"])
+        sockets = self.report(VMMIPC_SOCKET_DIR="/nonexistent/dir")["sockets"]
+        self.assertEqual((sockets["problem"], sockets["why"]),
+                         ("missing", "cannot be used: No such file or directory"))
+        with tempfile.NamedTemporaryFile() as plain:
+            self.assertEqual(self.report(VMMIPC_SOCKET_DIR=plain.name)["sockets"]["problem"],
+                             "not_directory")
+
+    def test_a_directory_of_another_user_is_not_private(self):
+        with tempfile.TemporaryDirectory() as directory:
+            other = os.path.join(directory, "other")
+            os.mkdir(other, 0o700)
+            if os.geteuid() == 0:
+                os.chown(other, 1, 1)
+            else:
+                other = "/"  # root's
+            sockets = self.report(VMMIPC_SOCKET_DIR=other)["sockets"]
+        self.assertEqual(sockets["problem"], "not_private")
+        self.assertIn("not to this process's uid", sockets["why"])
+
+    def test_usage_errors_are_clear(self):
+        for args, message in ((["--pci"], "--pci needs a PCI address"),
+                              (["--frobnicate"], "unknown argument '--frobnicate'")):
+            code, report, stderr = tool(args)
+            self.assertEqual((code, report), (2, None), args)
+            self.assertIn(f"vmmipc-config: {message}", stderr)
+            self.assertIn("usage: vmmipc-config", stderr)
+        result = subprocess.run([tool_path(), "--help"], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0)
+        self.assertIn("usage: vmmipc-config [--pci ADDRESS]", result.stdout)
+
+
+class LauncherShowsTheToolTest(unittest.TestCase):
+    """What the launcher prints is what vmmipc-config settles, not a copy of the rules."""
+
+    def setUp(self):
+        if not OPTIONS.lib:
+            self.skipTest("needs --lib")
+
+    def test_check_shows_every_warning_and_the_settled_values(self):
+        env = dict(VMMIPC_CUDA_LIBRARY=NO_DRIVER, VMMIPC_ZONE_SLOTS="100",
+                   VMMIPC_ZONE_BASE="0x100000000000", VMMIPC_TIMEOUT_MS="0",
+                   VMMIPC_LOGLEVEL="info", RANK="3", VMMIPC_SOCKET_DIR="/nonexistent/dir")
+        _, report, _ = tool(**env)
+        result = run(["--lib", OPTIONS.lib, "--check"], clean_env(**env))
+        lines = result.stdout.splitlines()
+        for warning in report["warnings"]:
+            self.assertIn(f"[WARN] config          {warning}", lines)
+        self.assertIn("[WARN] config          VMMIPC_LOGLEVEL is not a vmmipc variable (a typo?); "
+                      "it is ignored", lines)
+        self.assertIn(f"[  ok] rank            3 (from {report['rank']['source']}) (a global "
+                      "rank: on a multi-node job set LOCAL_RANK or VMMIPC_RANK)", lines)
+        self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir "
+                      f"{report['sockets']['why']}", lines)
+
+    def test_options_are_settled_by_the_tool(self):
+        result = run(["--lib", OPTIONS.lib, "--log-level", "Warning", "--print-env"], clean_env())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("export VMMIPC_LOG_LEVEL=warn\n", result.stdout)
+        _, report, _ = tool(VMMIPC_LOG_LEVEL="loud")
+        result = run(["--lib", OPTIONS.lib, "--log-level", "loud", "--", "true"], clean_env())
+        self.assertEqual(result.returncode, 2, result.stderr)
+        error = next(v["error"] for v in report["variables"] if v["name"] == "VMMIPC_LOG_LEVEL")
+        self.assertEqual(result.stderr, f"vmmipc-run: error: argument --log-level: {error}\n")
+
+    def test_without_the_tool_the_check_fails_and_says_why(self):
+        with tempfile.TemporaryDirectory() as directory:
+            lib = os.path.join(directory, "libvmmipc.so")
+            shutil.copy(OPTIONS.lib, lib)
+            result = run(["--lib", lib, "--check"], clean_env(BUILD_DIR="/nonexistent"))
+            self.assertEqual(result.returncode, 1, result.stdout)
+            self.assertIn(f"[FAIL] config          vmmipc-config not found (looked at: "
+                          f"{os.path.join(directory, 'vmmipc-config')}", result.stdout)
+            result = run(["--lib", lib, "--rank", "2", "--", "true"],
+                         clean_env(BUILD_DIR="/nonexistent"))
+            self.assertEqual(result.returncode, 1)
+            self.assertIn("vmmipc-run: cannot check the options: vmmipc-config not found",
+                          result.stderr)
+            self.assertNotIn("Traceback", result.stderr)
+
+    def test_the_log_label_is_the_settled_rank(self):
+        saved = dict(os.environ)
+        try:
+            if OPTIONS.lib:
+                os.environ["BUILD_DIR"] = clean_env()["BUILD_DIR"]
+            vmmipc._rank_labels.clear()
+            self.assertEqual(vmmipc.rank_label({"LOCAL_RANK": "3"}), "rank 3")
+            self.assertEqual(vmmipc.rank_label({"LOCAL_RANK": "3", "VMMIPC_RANK_FROM": "gpu"}),
+                             "unranked")
+            self.assertEqual(vmmipc.rank_label({"VMMIPC_RANK": "-1", "RANK": "x"}), "unranked")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            vmmipc._rank_labels.clear()
 
 
 class LauncherTest(unittest.TestCase):
@@ -186,7 +316,7 @@ class LauncherTest(unittest.TestCase):
         self.lib = os.path.abspath(OPTIONS.lib)
 
     def test_preload_is_prepended_once_and_others_are_kept(self):
-        prepend = run_module.prepend_preload
+        prepend = preload.prepend_preload
         self.assertEqual(prepend(None, "/a/libvmmipc.so"), "/a/libvmmipc.so")
         self.assertEqual(prepend("/x/libfoo.so /a/libvmmipc.so:/y/libbar.so", "/a/libvmmipc.so"),
                          "/a/libvmmipc.so:/x/libfoo.so:/y/libbar.so")
@@ -200,7 +330,6 @@ class LauncherTest(unittest.TestCase):
         result = run(["--lib", self.lib] + args + ["--", sys.executable, "-c", script],
                      clean_env(**env))
         self.assertEqual(result.returncode, 0, result.stderr)
-        import json
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def test_command_gets_the_preload_and_the_options(self):
@@ -249,7 +378,10 @@ class LauncherTest(unittest.TestCase):
 
     def test_usage_errors(self):
         self.assertEqual(run([], clean_env()).returncode, 2)
-        self.assertEqual(run(["--rank", "-3", "--", "true"], clean_env()).returncode, 2)
+        bad_rank = run(["--rank", "-3", "--", "true"], clean_env())
+        self.assertEqual(bad_rank.returncode, 2)
+        self.assertIn("vmmipc-run: error: argument --rank: ignoring VMMIPC_RANK='-3': must be "
+                      "between 0 and 65534", bad_rank.stderr)
         self.assertEqual(run(["--check", "--", "true"], clean_env()).returncode, 2)
         missing = run(["--lib", "/nonexistent/libvmmipc.so", "--", "true"], clean_env())
         self.assertEqual(missing.returncode, 1)
@@ -265,12 +397,16 @@ class LauncherTest(unittest.TestCase):
             shutil.copytree(os.path.join(PYTHON_DIR, "vmmipc"),
                             os.path.join(prefix, "share", "vmmipc", "python", "vmmipc"))
             shutil.copy(self.lib, os.path.join(prefix, "lib", "libvmmipc.so"))
+            shutil.copy(tool_path(), os.path.join(prefix, "bin", "vmmipc-config"))
+            # --log-level is settled by the install tree's bin/vmmipc-config.
             result = subprocess.run([sys.executable, os.path.join(prefix, "bin", "vmmipc-run"),
-                                     "--print-env"], env=clean_env(), capture_output=True,
-                                    text=True)
+                                     "--log-level", "INFO", "--print-env"],
+                                    env=clean_env(BUILD_DIR="/nonexistent"),
+                                    capture_output=True, text=True)
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn(os.path.join(os.path.realpath(prefix), "lib", "libvmmipc.so"),
                           result.stdout)
+            self.assertIn("export VMMIPC_LOG_LEVEL=info", result.stdout)
 
     def test_a_wrapper_without_its_package_says_so(self):
         with tempfile.TemporaryDirectory() as prefix:
@@ -291,7 +427,8 @@ class LauncherTest(unittest.TestCase):
 
 def wheel_layout(site, lib):
     """The vmmipc package as `pip install .` lays it out in site-packages: the Python
-    files, the library inside the package, the DeepEP hook in vmmipc/_site."""
+    files, the library and vmmipc-config inside the package, the DeepEP hook in
+    vmmipc/_site."""
     package = os.path.join(site, "vmmipc")
     shutil.copytree(os.path.join(PYTHON_DIR, "vmmipc"), package,
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -299,6 +436,7 @@ def wheel_layout(site, lib):
     shutil.copy(os.path.join(PYTHON_DIR, "sitecustomize.py"), os.path.join(package, "_site"))
     if lib:
         shutil.copy(lib, os.path.join(package, "libvmmipc.so"))
+        shutil.copy(tool_path(), os.path.join(package, "vmmipc-config"))
     return package
 
 
@@ -330,6 +468,11 @@ class PackageTest(unittest.TestCase):
             result = self.python(site, ["-c", script, "--", sys.executable, "-c",
                                         "import os; print(os.environ['LD_PRELOAD'])"])
             self.assertEqual(result.stdout, lib + "\n", result.stderr)
+            # The package's own vmmipc-config answers `python -m vmmipc --config`.
+            result = self.python(site, ["-m", "vmmipc", "--config"], LOCAL_RANK="4",
+                                 BUILD_DIR="/nonexistent")
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(json.loads(result.stdout)["rank"]["rank"], 4)
 
     def test_a_package_without_the_library_says_where_it_looked(self):
         with tempfile.TemporaryDirectory() as site:
@@ -343,13 +486,13 @@ class PackageTest(unittest.TestCase):
             self.assertEqual(self.python(site, ["-m", "vmmipc"]).returncode, 2)  # usage
             self.assertEqual(self.python(site, ["-m", "vmmipc", "--version"]).stdout.strip(),
                              run_module.VERSION)
+            result = self.python(site, ["-m", "vmmipc", "--config"], BUILD_DIR="/nonexistent")
+            self.assertEqual(result.returncode, 1)
+            self.assertIn("python -m vmmipc: vmmipc-config not found (looked at: "
+                          f"{os.path.join(os.path.realpath(package), 'vmmipc-config')}",
+                          result.stderr)
 
     def test_preload_env_puts_the_library_first_once(self):
-        sys.path.insert(0, PYTHON_DIR)
-        try:
-            import vmmipc
-        finally:
-            sys.path.pop(0)
         env = vmmipc.preload_env({"LD_PRELOAD": "/a/libfoo.so /b/libvmmipc.so", "X": "1"},
                                  library="/c/libvmmipc.so")
         self.assertEqual(env, {"LD_PRELOAD": "/c/libvmmipc.so:/a/libfoo.so", "X": "1"})
@@ -363,7 +506,7 @@ class PackageTest(unittest.TestCase):
                  1 << 40: "1 TiB", 100 << 40: "100 TiB", 1 << 63: "8 EiB",
                  (1 << 64) - 1: "16.0 EiB"}
         for size, text in cases.items():
-            self.assertEqual(run_module.human_bytes(size), text, size)
+            self.assertEqual(check_driver.human_bytes(size), text, size)
 
 
 class CheckWithoutDriverTest(unittest.TestCase):
@@ -387,15 +530,16 @@ class CheckWithoutDriverTest(unittest.TestCase):
     def test_socket_dir_problems_are_failures(self):
         result = run(["--check", "--socket-dir", "/nonexistent/dir"],
                      clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER))
-        self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir is not a "
-                      "directory", result.stdout)
+        self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir cannot be used: "
+                      "No such file or directory", result.stdout)
+        self.assertIn("VMMIPC_SOCKET_DIR /nonexistent/dir does not exist", result.stdout)
         with tempfile.TemporaryDirectory() as directory:
             deep = os.path.join(directory, "d" * 100)
             os.makedirs(deep, mode=0o700)
             os.chmod(deep, 0o700)  # whatever the umask
             result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
                                                 VMMIPC_SOCKET_DIR=deep))
-        self.assertIn("is too long: socket paths would reach", result.stdout)
+        self.assertIn(f"is too long: socket path '{deep}/vmmipc.", result.stdout)
         # Like /dev/shm: anyone could create the socket names there first.
         with tempfile.TemporaryDirectory() as directory:
             os.chmod(directory, 0o1777)
@@ -404,17 +548,15 @@ class CheckWithoutDriverTest(unittest.TestCase):
         self.assertIn(f"[FAIL] sockets         VMMIPC_SOCKET_DIR={directory} is writable by group "
                       "and others (mode 1777): another user could create socket names in it",
                       result.stdout)
-        self.assertIn("belongs to uid 0, not to this process's uid 1",
-                      run_module.socket_dir_problem("/", 1))
 
     def test_layout_problems_are_warned(self):
         result = run(["--check"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER,
                                             VMMIPC_ARENA_BASE="0x300000000000",
                                             LOCAL_RANK="9"))
-        self.assertIn("VMMIPC_ARENA_BASE=0x300000000000 and VMMIPC_ARENA_SIZE=0x10000000000 is "
-                      "ignored: the export arena [0x300000000000, +1 TiB) overlaps the import "
-                      "zone [0x300000000000, +8 TiB); the default 0x200000000000 and "
-                      "0x10000000000 is used", result.stdout)
+        self.assertIn("[WARN] config          ignoring VMMIPC_ARENA_BASE=0x300000000000 and "
+                      "VMMIPC_ARENA_SIZE=0x10000000000: the export arena [0x300000000000, +1 TiB) "
+                      "overlaps the import zone [0x300000000000, +8 TiB); using the default "
+                      "0x200000000000 and 0x10000000000", result.stdout)
         self.assertIn("[WARN] rank            9 (from LOCAL_RANK) is not below VMMIPC_ZONE_SLOTS=8",
                       result.stdout)
         self.assertTrue(result.stdout.rstrip().endswith("(and 2 warnings above)"), result.stdout)
@@ -468,7 +610,7 @@ class CheckOnSimulatedDriverTest(unittest.TestCase):
             code, out = self.check(SIMCUDA_DEVICE_COUNT="4", CUDA_VISIBLE_DEVICES="2",
                                    VMMIPC_HOST_GPUS=folder, VMMIPC_RANK_FROM="gpu")
             self.assertIn("[WARN] rank            device 0 (00000000:12:00.0): no slot from the "
-                          "GPU: not among the 3 GPUs", out)
+                          "GPU: 0000:12:00.0 is not among the 3 GPUs", out)
             self.assertIn("no rank slot from the GPU for device 0", out.splitlines()[-1])
         code, out = self.check(VMMIPC_RANK_FROM="env")
         self.assertIn("[info] rank            none here (VMMIPC_RANK_FROM=env)", out)
@@ -512,9 +654,10 @@ class CheckOnSimulatedDriverTest(unittest.TestCase):
 def main():
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--lib")
+    parser.add_argument("--tool")
     parser.add_argument("--sim-dir")
     known, rest = parser.parse_known_args()
-    OPTIONS.lib, OPTIONS.sim_dir = known.lib, known.sim_dir
+    OPTIONS.lib, OPTIONS.tool, OPTIONS.sim_dir = known.lib, known.tool, known.sim_dir
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

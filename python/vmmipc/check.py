@@ -1,0 +1,221 @@
+"""`vmmipc-run --check`: what a user needs to know before a run, and a VERDICT line.
+
+The configuration, the rank, the slots from the GPU and the socket verdict are
+vmmipc-config's (vmmipc.settled); the driver is asked by a child process
+(vmmipc.probe, vmmipc.check_driver). This module words them as report lines.
+"""
+
+import os
+import resource
+import subprocess
+import sys
+
+import vmmipc
+from vmmipc import check_driver, paths
+from vmmipc.preload import split_preload
+from vmmipc.settled import ToolError, settle
+
+
+class Report:
+    """Lines of the check, and the reasons behind the verdict."""
+
+    TAGS = {"ok": "ok", "info": "info", "warn": "WARN", "fail": "FAIL"}
+
+    def __init__(self):
+        self.failures = []
+        self.warnings = []
+
+    def line(self, status, topic, text, reason=None):
+        print(f"[{self.TAGS[status]:>4}] {topic:<15} {text}")
+        if status == "fail":
+            self.failures.append(reason or text)
+        elif status == "warn":
+            self.warnings.append(reason or text)
+
+    def verdict(self):
+        if self.failures:
+            also = f" (and {len(self.warnings)} warnings above)" if self.warnings else ""
+            print("VERDICT: FAIL: cannot share memory here: " + "; ".join(self.failures) + also)
+            return 1
+        if self.warnings:
+            print("VERDICT: WARN: sharing should work, but: " + "; ".join(self.warnings))
+            return 2
+        print("VERDICT: OK: vmmipc can share VMM memory between the processes of this machine")
+        return 0
+
+
+def check_library(report, library, looked_at):
+    name = paths.LIBRARY_NAME
+    if library is None:
+        report.line("fail", "library", f"{name} not found (looked at: "
+                    f"{', '.join(looked_at)}); build it (scripts/setup.sh) or pass --lib",
+                    f"{name} not found")
+        return
+    with open(library, "rb") as handle:
+        head = handle.read(5)
+    if head[:4] != b"\x7fELF" or head[4:5] != b"\x02":
+        report.line("fail", "library", f"{library} is not a 64-bit ELF shared object",
+                    f"{library} is not a shared library")
+        return
+    probe = "/bin/true" if os.access("/bin/true", os.X_OK) else sys.executable
+    args = [probe] if probe == "/bin/true" else [probe, "-c", "pass"]
+    env = dict(os.environ, LD_PRELOAD=library)
+    child = subprocess.run(args, env=env, capture_output=True, text=True)
+    if "cannot be preloaded" in child.stderr or "error while loading" in child.stderr:
+        message = child.stderr.strip().splitlines()[0]
+        report.line("fail", "library", f"{library} does not load: {message}",
+                    f"{name} does not load ({message})")
+        return
+    report.line("ok", "library", f"{library} (loads with LD_PRELOAD)")
+
+
+def _gpu_slot_lines(report, config, devices, env, library):
+    """One line per probed device: the slot its index among the host's GPUs gives."""
+    rank_from = config["VMMIPC_RANK_FROM"]
+    addressed = [device for device in devices if device.get("pci")]
+    try:
+        gpus = settle(env, [d["pci"] for d in addressed], library).gpus if addressed else []
+    except ToolError as error:
+        report.line("warn", "rank", f"slots from the GPU not known: {error}",
+                    "the slots from the GPU could not be asked")
+        return
+    answers = {device["ordinal"]: gpu for device, gpu in zip(addressed, gpus)}
+    slots = config["VMMIPC_ZONE_SLOTS"]
+    for device in devices:
+        ordinal, gpu = device["ordinal"], answers.get(device["ordinal"])
+        pci = device.get("pci") or "?"
+        if gpu is None or gpu["slot"] is None:
+            why = gpu["why_not"] if gpu else "the driver gave no PCI address"
+            report.line("warn" if rank_from == "gpu" else "info", "rank",
+                        f"device {ordinal} ({pci}): no slot from the GPU: {why}; its memory is "
+                        "placed best-effort in peers (set VMMIPC_RANK or LOCAL_RANK)",
+                        f"no rank slot from the GPU for device {ordinal}"
+                        if rank_from == "gpu" else None)
+        elif not gpu["fits_zone"]:
+            report.line("warn", "rank", f"device {ordinal} ({pci}): slot {gpu['slot']} from the "
+                        f"GPU is not below VMMIPC_ZONE_SLOTS={slots}",
+                        f"GPU slot {gpu['slot']} does not fit the {slots} zone slots")
+        else:
+            arena = ("export arena on" if config.rank_info["arena_wanted"]
+                     else "no export arena (VMMIPC_RANK_FROM=gpu turns it on)")
+            report.line("ok", "rank", f"device {ordinal} ({pci}): slot {gpu['slot']} from the GPU "
+                        f"(VMMIPC_RANK_FROM={rank_from}: GPU {gpu['index']} in PCI order in "
+                        f"{gpu['list']}; no rank variable); {arena}")
+
+
+def check_rank(report, config, from_option, devices, env, library):
+    slots = config["VMMIPC_ZONE_SLOTS"]
+    rank, rank_from = config.rank, config["VMMIPC_RANK_FROM"]
+    source = "--rank" if from_option and config.rank_source == "VMMIPC_RANK" \
+        else config.rank_source
+    if config.rank_info["slot_from_gpu"]:
+        if not devices:
+            report.line("info", "rank", f"none from a variable; slots from the GPU "
+                        f"(VMMIPC_RANK_FROM={rank_from}), but no GPU was probed")
+            return
+        _gpu_slot_lines(report, config, devices, env, library)
+        return
+    if rank < 0:
+        why = (f"VMMIPC_RANK_FROM={rank_from}" if rank_from in ("env", "off")
+               else "VMMIPC_RANK, LOCAL_RANK and RANK are unset")
+        report.line("info", "rank", f"none here ({why}). "
+                    "Normal outside a launcher: torchrun sets LOCAL_RANK per process. A process "
+                    "without a rank still shares memory, placed best-effort in its peers")
+        return
+    if not config.rank_info["fits_zone"]:
+        report.line("warn", "rank", f"{rank} (from {source}) is not below VMMIPC_ZONE_SLOTS="
+                    f"{slots}: its memory is placed best-effort in peers",
+                    f"rank {rank} does not fit the {slots} zone slots")
+        return
+    note = ""
+    if source == "RANK":
+        note = " (a global rank: on a multi-node job set LOCAL_RANK or VMMIPC_RANK)"
+    report.line("ok", "rank", f"{rank} (from {source}){note}")
+
+
+# The verdict's reason for each problem vmmipc-config finds with VMMIPC_SOCKET_DIR.
+SOCKET_DIR_REASONS = {
+    "missing": "VMMIPC_SOCKET_DIR {dir} does not exist",
+    "not_directory": "VMMIPC_SOCKET_DIR {dir} is not a directory",
+    "not_private": "VMMIPC_SOCKET_DIR {dir} is not private to uid {uid}",
+    "not_writable": "VMMIPC_SOCKET_DIR {dir} is not writable",
+    "too_long": "VMMIPC_SOCKET_DIR is too long for a socket path",
+}
+
+
+def check_sockets(report, config):
+    sockets = config.sockets
+    net = sockets["network_namespace"]
+    if sockets["kind"] == "abstract":
+        if not sockets["usable"]:
+            report.line("fail", "sockets", sockets["why"],
+                        f"Unix sockets are not usable ({sockets['why']})")
+            return
+        report.line("ok", "sockets", f"abstract ({sockets['pattern']}) in network namespace "
+                    f"{net}: every rank must share this namespace (containers: --network=host or "
+                    "one pod), or set VMMIPC_SOCKET_DIR to a shared directory")
+        return
+    directory = sockets["dir"]
+    if sockets["usable"]:
+        report.line("ok", "sockets", f"files in {directory} (writable; crosses network "
+                    f"namespaces; this process is in {net}): every rank must see this directory")
+        return
+    problem = sockets["problem"]
+    lead = "is too long: " if problem == "too_long" else ""
+    reason = SOCKET_DIR_REASONS.get(problem, "VMMIPC_SOCKET_DIR {dir} cannot be used")
+    report.line("fail", "sockets", f"VMMIPC_SOCKET_DIR={directory} {lead}{sockets['why']}",
+                reason.format(dir=directory, uid=sockets["uid"]))
+
+
+def check_process(report, config):
+    uid = os.geteuid()
+    report.line("info", "user", f"uid {uid}: ranks share memory only with processes of the same "
+                "uid")
+    report.line("info", "ptrace", "not needed, by design: fds travel over a Unix socket "
+                "(SCM_RIGHTS); no ptrace, pidfd_getfd, CAP_SYS_PTRACE or /proc/<pid>/fd access")
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 256:
+        report.line("warn", "open files", f"soft limit {soft}: an open holds one fd per chunk "
+                    "of the run while it maps; raise it (ulimit -n)", f"open-file limit {soft}")
+    else:
+        shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        report.line("info", "open files", f"soft limit {shown}: an open holds one fd per chunk "
+                    "of the run at once (PyTorch maps 20 MiB chunks)")
+    if not config["VMMIPC_ENABLE"]:
+        report.line("warn", "config", "VMMIPC_ENABLE=0: every hook passes through to the driver",
+                    "VMMIPC_ENABLE=0 turns vmmipc off")
+    if not config["VMMIPC_FORCE_POSIX_FD"]:
+        report.line("warn", "config", "VMMIPC_FORCE_POSIX_FD=0: only memory created with POSIX-"
+                    "fd export can be shared", "VMMIPC_FORCE_POSIX_FD=0")
+    for warning in config.warnings:
+        report.line("warn", "config", warning)
+    for name in config.unknown:
+        report.line("warn", "config", f"{name} is not a vmmipc variable (a typo?); it is ignored")
+    preload = split_preload(os.environ.get("LD_PRELOAD"))
+    if preload:
+        report.line("info", "LD_PRELOAD", " ".join(preload))
+
+
+def check(args, library, looked_at):
+    """The whole check; returns the exit status (0 OK, 2 WARN, 1 FAIL)."""
+    env = dict(os.environ)
+    if args.rank is not None:
+        env["VMMIPC_RANK"] = str(args.rank)
+    if args.socket_dir is not None:
+        env["VMMIPC_SOCKET_DIR"] = os.path.abspath(args.socket_dir)
+    print(f"vmmipc {vmmipc.__version__}: vmmipc-run --check")
+    report = Report()
+    check_library(report, library, looked_at)
+    try:
+        config = settle(env, library=library)
+    except ToolError as error:
+        report.line("fail", "config", f"{error}; reinstall vmmipc, or build it "
+                    "(scripts/setup.sh)", f"the configuration cannot be read ({error})")
+        return report.verdict()
+    probe = check_driver.run_probe(config["VMMIPC_CUDA_LIBRARY"],
+                                   check_driver.reservations(config))
+    check_driver.check_driver(report, probe, config)
+    check_rank(report, config, args.rank is not None, probe.get("devices", []), env, library)
+    check_sockets(report, config)
+    check_process(report, config)
+    return report.verdict()
