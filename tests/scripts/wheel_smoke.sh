@@ -2,10 +2,12 @@
 # The Python wheel as a user gets it: `pip install .` into a fresh virtual
 # environment (pyproject.toml: scikit-build-core, fetched by pip, builds
 # libvmmipc.so with CMake, Release, no tests), then what it installed:
-# `python -m vmmipc --lib` points inside the package, the library needs only
-# libc/libstdc++/libgcc_s, `vmmipc-run --check` on the simulated driver ends in
-# WARN (exit 2) with that library, the run mode's LD_PRELOAD, preload_env(),
-# --deepep's hook, and the demo preloading the installed library.
+# `python -m vmmipc --lib` points inside the package, the library and
+# vmmipc-config beside it need only libc/libstdc++/libgcc_s, `python -m vmmipc
+# --config` answers from that vmmipc-config, `vmmipc-run --check` on the
+# simulated driver ends in WARN (exit 2) with that library, the run mode's
+# LD_PRELOAD, preload_env(), --deepep's hook, and the demo preloading the
+# installed library.
 #   wheel_smoke.sh [BUILD_DIR]   (a build with the simulated driver and vmmipc_peer; default build)
 # Needs python3 with venv and pip, and PyPI (CI: .ci/run). Not a ctest: it downloads.
 set -euo pipefail
@@ -29,11 +31,22 @@ site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
   fail "python -m vmmipc --lib: $lib, expected $site/vmmipc/libvmmipc.so"
 [ -f "$lib" ] || fail "$lib does not exist"
 [ -x "$work/venv/bin/vmmipc-run" ] || fail "no vmmipc-run console script"
+tool=$site/vmmipc/vmmipc-config
+[ -x "$tool" ] || fail "no executable vmmipc-config beside the library in the package"
 if command -v readelf >/dev/null; then
-  needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')
-  [ "$needed" = "libc.so.6 libgcc_s.so.1 libstdc++.so.6 " ] ||
-    fail "the wheel's library needs: $needed"
+  for binary in "$lib" "$tool"; do
+    needed=$(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')
+    [ "$needed" = "libc.so.6 libgcc_s.so.1 libstdc++.so.6 " ] ||
+      fail "the wheel's $(basename "$binary") needs: $needed"
+  done
 fi
+# The configuration, from the package's vmmipc-config (no source tree to fall back on).
+out=$(env -u LD_PRELOAD BUILD_DIR=/nonexistent LOCAL_RANK=3 "$py" -m vmmipc --config) ||
+  fail "python -m vmmipc --config failed"
+"$py" -c 'import json, sys
+rank = json.load(sys.stdin)["rank"]
+sys.exit((rank["rank"], rank["source"]) != (3, "LOCAL_RANK"))' <<<"$out" ||
+  fail "python -m vmmipc --config: $out"
 out=$("$py" -m vmmipc --print-env)
 [ "$out" = "export LD_PRELOAD=$lib" ] || fail "python -m vmmipc --print-env: $out"
 
