@@ -9,14 +9,7 @@ is decided.
 import dataclasses
 
 from .engine import Budget, shown
-from .steps import Banner, Cmd, Group, Note, Step, Wait, judge_doc
-
-
-def _walk(items, depth=0, group=""):
-    for item in items:
-        yield item, depth, group
-        if isinstance(item, Group):
-            yield from _walk(item.items, depth + 1, item.name)
+from .steps import Banner, Cmd, Group, Note, Step, Wait, judge_doc, walk
 
 
 def _gate_lines(ctx, gates, name, pad):
@@ -76,10 +69,10 @@ def dry_run(check, ctx, skip):
                  check.budget_s, check.budget_var, check.keep_s, check.min_step_s),
              "output folder %s: summary.md, summary.partial.md and the logs below" % ctx.out]
     if check.skip_var:
-        keys = sorted({i.skip_key for i, _, _ in _walk(check.items) if getattr(i, "skip_key", None)})
+        keys = sorted({i.skip_key for i, _, _ in walk(check.items) if getattr(i, "skip_key", None)})
         lines.append("skip list %s (%s): %s" % (check.skip_var, ", ".join(keys), skip or "empty"))
     number = 0
-    for item, depth, _ in _walk(check.items):
+    for item, depth, _ in walk(check.items):
         pad = "  " * depth
         if isinstance(item, Banner):
             lines.append("")
@@ -101,7 +94,7 @@ def dry_run(check, ctx, skip):
 def listing(check):
     rows = ["| # | step | skip key | seconds wanted | log |", "| --- | --- | --- | --- | --- |"]
     number = 0
-    for item, _, group in _walk(check.items):
+    for item, _, group in walk(check.items):
         if isinstance(item, Step):
             number += 1
             wants = [str(c.want_s) for c in item.run if isinstance(c, Cmd)]

@@ -23,11 +23,11 @@ import traceback
 from datetime import datetime, timezone
 
 from .steps import (FAILING, FAIL, NO_BUDGET, PASS, SKIP, Banner, Cmd, Group, Note, Outcome, Wait,
-                    status_result)
+                    status_result, walk)
 
 KILL_AFTER_S = 10  # from SIGTERM to SIGKILL
 PUMP_GRACE_S = 5  # after a command exits, for output still held by a child of it
-LONE_VALUE = re.compile(r"\{(\w+)\}")
+VALUE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {name}; any other brace is text
 
 
 class Interrupted(Exception):
@@ -67,19 +67,16 @@ class Context:
         return value
 
     def fill(self, template, **extra):
-        ctx = self
+        def value(match):
+            found = self._value(match.group(1), extra)
+            return " ".join(map(str, found)) if isinstance(found, list) else str(found)
 
-        class Values(dict):
-            def __missing__(self, name):
-                value = ctx._value(name, extra)
-                return " ".join(map(str, value)) if isinstance(value, list) else value
-
-        return template.format_map(Values())
+        return VALUE.sub(value, template)
 
     def argv(self, items):
         argv = []
         for item in items:
-            lone = LONE_VALUE.fullmatch(item)
+            lone = VALUE.fullmatch(item)
             value = self._value(lone.group(1), {}) if lone else None
             argv.extend(map(str, value) if isinstance(value, list) else [self.fill(item)])
         return argv
@@ -380,6 +377,10 @@ class Runner:
         raise Interrupted()
 
     def run(self):
+        known = {getattr(item, "skip_key", None) for item, _, _ in walk(self.check.items)}
+        for name in sorted(self.skip - known):
+            print("%s: no step is called %s (the names: %s)" % (
+                self.check.skip_var, name, ", ".join(sorted(k for k in known if k))), flush=True)
         os.makedirs(self.ctx.out, exist_ok=True)
         open(os.path.join(self.ctx.out, "summary.partial.md"), "w").close()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -149,6 +149,14 @@ class Outcome:
         return sum(1 for line in self.lines(path) if re.search(pattern, line))
 
 
+def walk(items, depth=0, group=""):
+    """Every record of a step set, groups' contents after their group: (item, depth, group)."""
+    for item in items:
+        yield item, depth, group
+        if isinstance(item, Group):
+            yield from walk(item.items, depth + 1, item.name)
+
+
 def env_int(env, name, default):
     """An integer setting from the environment (default when unset or empty)."""
     text = env.get(name, "")

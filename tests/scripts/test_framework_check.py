@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Tests of scripts/framework-check.sh without a GPU: its steps, the way it reads the
+"""Tests of scripts/framework-check.sh (the runner's framework step set,
+scripts/gpu_check/framework_set.py) without a GPU: its steps, the way it reads the
 harnesses' output, and its summary and exit status.
 
-The script runs for real; what it calls is faked: nvidia-smi (two GPUs, or none) and
+The check runs for real; what it calls is faked: nvidia-smi (two GPUs, or none) and
 the Python that runs the harnesses (tests/frameworks/*.py), which prints what the real
 harness prints in each case (vLLM's "Failed: Cuda error ...custom_all_reduce.cuh:455
 'invalid argument'" without vmmipc, SUMMARY lines, JSON with pointers and latencies;
@@ -224,10 +225,20 @@ class FrameworkCheckTest(unittest.TestCase):
         self.assertEqual(rows["deepep build"][0], "FAIL")
         self.assertIn("does not import", rows["deepep build"][1])
 
+    def test_the_variables_instead_of_the_options(self):
+        result, summary, rows = self.check({"VLLM_SRC": self.sources, "DEEPEP_SRC": self.sources},
+                                           args=[])
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:])
+        self.assertEqual(rows["vllm pointers"][0], "PASS")
+        self.assertEqual(rows["deepep with vmmipc"][0], "PASS")
+
     def test_without_gpus_nothing_runs(self):
         result, summary, rows = self.check({"FAKE_GPUS": "0"})
         self.assertEqual(result.returncode, 2, summary)
         self.assertIn("NOTHING RAN", summary)
+        # "No devices were found" is not a GPU.
+        self.assertEqual(rows["environment"],
+                         ("SKIP", "0 GPUs visible: these checks need 2; nothing below runs"))
         self.assertEqual(rows["vllm"][0], "SKIP")
         self.assertEqual(rows["deepep"][0], "SKIP")
 
@@ -236,6 +247,29 @@ class FrameworkCheckTest(unittest.TestCase):
         self.assertEqual(result.returncode, 2, summary)
         self.assertIn("no vLLM source tree", rows["vllm"][1])
         self.assertIn("no DeepEP source tree", rows["deepep"][1])
+
+    def test_an_unknown_argument(self):
+        result = subprocess.run(["bash", SCRIPT, "--no-such-option"], capture_output=True,
+                                text=True, timeout=60)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--no-such-option", result.stderr)
+
+    def test_the_dry_run_names_every_step(self):
+        result = subprocess.run(["bash", SCRIPT, "--dry-run", "--vllm-src", self.sources,
+                                 "--deepep-src", self.sources, "--deepep-build",
+                                 "--sglang-src", self.sources, "--out", self.tmp.name],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        names = ["environment", "saver wheel", "deepep build", "library", "library", "vllm build",
+                 "vllm build", "vllm without vmmipc", "vllm vmmipc-1", "vllm legacy-1",
+                 "vllm vmmipc-2", "vllm legacy-2", "vllm pointers", "vllm latency",
+                 "sglang without vmmipc", "sglang with vmmipc", "deepep without vmmipc",
+                 "deepep with vmmipc"]
+        for number, name in enumerate(names, 1):
+            self.assertRegex(result.stdout, r"\n *%d\. %s  \(" % (number, name))
+        self.assertIn("--deepep-src %s --memory-saver --num-processes 2" % self.sources,
+                      result.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "summary.md")))
 
 
 def main():
