@@ -52,7 +52,7 @@ std::string Plain(const std::string& value) { return value; }
 // What the layout's bases and sizes must be multiples of: the VMM granularity
 // of the GPUs vmmipc targets (2 MiB, measured). The configuration is read
 // before any driver is asked; core asks the driver for the granularity it
-// carves with (core/export_arena.cc).
+// carves with (core/arena/export_arena.cc).
 constexpr uint64_t kLayoutAlignment = 2u << 20;
 
 // Values checked beyond their syntax; returns a reason, or nullptr when fine.

@@ -105,7 +105,7 @@ struct Params {
   } turned_off;
 
   // A process with no rank from a variable may get one slot per GPU it
-  // exports from (core/rank_slot.h).
+  // exports from (core/export/rank_slot.h).
   bool slot_from_gpu() const { return rank < 0 && (rank_from == "auto" || rank_from == "gpu"); }
   // The export arena serves processes whose slot is known to be wanted: a rank
   // from a variable, or VMMIPC_RANK_FROM=gpu (every process here is a GPU
@@ -116,7 +116,7 @@ struct Params {
   // The rank slot of this process's memory on the GPU that is `host_index`
   // among the host's GPUs (driver/host_gpus.h; -1: unknown): its rank from a
   // variable, else that index when slot_from_gpu() and a handle can carry it,
-  // else -1 (unranked: peers place the memory best-effort). core/rank_slot.cc
+  // else -1 (unranked: peers place the memory best-effort). core/export/rank_slot.cc
   // and the configuration tool decide with it.
   int64_t SlotFor(int host_index) const {
     if (rank >= 0) return rank;

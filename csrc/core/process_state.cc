@@ -23,7 +23,7 @@ std::mutex g_create_mutex;
 // The secret under which this process's handles are made, and its public
 // instance id (never 0). The secret comes from the kernel's randomness or not
 // at all: one made from the clock and pid could be guessed, and with it every
-// handle's capability. Without it exports are refused (core/ipc_export.cc
+// handle's capability. Without it exports are refused (core/export/ipc_export.cc
 // StartListener says why); imports need none. The instance is public anyway
 // (in every handle): it must only differ from that of an earlier process of
 // the same pid, which FillUnique's clocks give even without randomness.

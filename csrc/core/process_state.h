@@ -33,7 +33,7 @@ struct ProcessState {
   int32_t rank = -1;      // this process's slot from a rank variable, -1 none
 
   // Slots found from the GPU for a process without a rank variable, per
-  // device ordinal (core/rank_slot.h): 0 not asked yet, -1 none, else slot+1.
+  // device ordinal (core/export/rank_slot.h): 0 not asked yet, -1 none, else slot+1.
   // Each is written once, under gpu_slot_mutex, then only read.
   static constexpr int kMaxSlotDevices = 64;
   std::atomic<int32_t> gpu_slots[kMaxSlotDevices] = {};

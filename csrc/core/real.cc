@@ -1,5 +1,5 @@
 // The real driver as core reaches it: loaded from the configured library,
-// whether vmmipc is active on it (core/ipc.h Active), and the "is this
+// whether vmmipc is active on it (core/hooks.h Active), and the "is this
 // libcuda's handle" question of the dlsym hook, which needs the same library
 // name.
 #include "core/real.h"

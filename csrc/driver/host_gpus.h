@@ -4,7 +4,7 @@
 // device 0 whichever it is), so the index comes from the device's PCI
 // address, asked of the driver, looked up in the host's own list of GPUs.
 // It gives a process without a rank variable a slot that is the same in every
-// run and differs between the GPUs of one host (core/rank_slot.h).
+// run and differs between the GPUs of one host (core/export/rank_slot.h).
 #pragma once
 
 #include <cuda.h>

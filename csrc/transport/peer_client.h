@@ -45,7 +45,7 @@ struct WatchConnection {
 
 // How a fetch ended, declared once: the enum and its log name come from this
 // list. What each means to the library is core's: the CUresult an open
-// returns (core/ipc_import.cc) and the VMMIPC_STATS counter of a failed open
+// returns (core/import/ipc_import.cc) and the VMMIPC_STATS counter of a failed open
 // (core/stats.h), both switches that fail the build when a status is missing.
 // X(enumerator, "name in log lines")
 #define VMMIPC_FETCH_FAILURES(X)                                                    \

@@ -1,4 +1,4 @@
-// After an exporter's first export (core/export_warmup.h): the export anchor
+// After an exporter's first export (core/export/export_warmup.h): the export anchor
 // (VMMIPC_EXPORT_ANCHOR), one exported fd of a small allocation of its own
 // kept until it exits, so that the driver's export state outlives the unmap of
 // every exported chunk. And the fd table, grown for the exported-fd cache at

@@ -1,6 +1,6 @@
 // ArenaSide: the export arena's state: one fixed-address reservation, made on
 // first use, and the carves of it handed out as this process's own
-// reservations (core/export_arena.h has the hooks and why).
+// reservations (core/arena/export_arena.h has the hooks and why).
 //
 // Locking: arena_mutex_ guards every member; each method holds it for its
 // whole call, including the arena's one reservation on first use (a driver

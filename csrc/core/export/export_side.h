@@ -82,7 +82,7 @@ class ExportSide {
   // Posting the drain task failed: forgets the queue.
   void DropExportAhead() noexcept;
 
-  // The warm-up before the first export (core/export_warmup.h): `warm_up()`
+  // The warm-up before the first export (core/export/export_warmup.h): `warm_up()`
   // runs once, under warm_up_mutex_; a caller that comes while it runs waits
   // for its end, so that no export (and no answer) leaves before it is done.
   template <typename WarmUp>
