@@ -87,12 +87,38 @@ const char* Invalid(const Params& p, const char* name) {
   return nullptr;
 }
 
+// Old names, newest rename last.
+constexpr RenamedParam kRenamed[] = {
+    {"VMMIPC_EXPORT_ANCHOR", "VMMIPC_EXPORT_KEEPALIVE"},
+};
+
+// `lookup` that answers a variable's old name too, with one warning.
+const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params* params) {
+  const char* text = lookup(name);
+  for (const RenamedParam& renamed : kRenamed) {
+    if (strcmp(renamed.name, name) != 0) continue;
+    const char* old_text = lookup(renamed.old_name);
+    if (old_text == nullptr) return text;
+    if (text != nullptr) {
+      params->warnings.push_back(
+          fmt::format("ignoring {}='{}': it is the old name of {}, which is set", renamed.old_name,
+                      old_text, name));
+      return text;
+    }
+    params->warnings.push_back(
+        fmt::format("{} is the old name of {}: it still works, but will go; set {} instead",
+                    renamed.old_name, name, name));
+    return old_text;
+  }
+  return text;
+}
+
 // Every variable of params.def from `lookup`: a bad value is reported and the
 // default kept.
 void ParseVariables(const EnvLookup& lookup, Params* params) {
   size_t index = 0;
 #define VMMIPC_PARAM(field, name, kind, def, doc)                                               \
-  if (const char* text = lookup(name); text != nullptr) {                                       \
+  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {            \
     auto saved = params->field;                                                                 \
     const char* why =                                                                           \
         Assign(&params->field, Kind::kind, text) ? Invalid(*params, name) : "cannot be parsed"; \
@@ -153,6 +179,8 @@ Params::Params() {
 }
 
 std::span<const ParamSpec> AllParams() { return kSpecs; }
+
+std::span<const RenamedParam> RenamedParams() { return kRenamed; }
 
 size_t ParamIndex(std::string_view name) {
   for (size_t i = 0; i < kParamCount; ++i)

@@ -131,6 +131,13 @@ inline constexpr uint64_t kUserAddressEnd = 0x800000000000ull;
 using EnvLookup = std::function<const char*(const char*)>;
 
 std::span<const ParamSpec> AllParams();
+// A variable that was renamed: the old name still works, with one warning,
+// where the new one is not set (and is ignored, with one, where it is).
+struct RenamedParam {
+  const char* old_name;
+  const char* name;  // the variable's name now (AllParams)
+};
+std::span<const RenamedParam> RenamedParams();
 // The index in AllParams() of the variable `name`; kParamCount when there is none.
 size_t ParamIndex(std::string_view name);
 // The value of variable `index` of AllParams() as text, as the variable

@@ -61,7 +61,7 @@ ProcessState* Create() {
 // (common/fork_lock.h), which BeforeFork takes on the forking thread, waiting
 // for any other thread inside them, and which the parent and the child
 // release after the fork. Taken in this order: the mapping table (the
-// exported-fd cache), the export anchor, the listener's watch list, the watch
+// exported-fd cache), the export keep-alive, the listener's watch list, the watch
 // client's connections. Each is held only to read or write what it guards,
 // never across I/O, a driver call or another lock, so its holder always
 // leaves it, and no thread ever holds two: no order of taking them can

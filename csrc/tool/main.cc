@@ -48,8 +48,11 @@ std::vector<std::string> UnknownVariables() {
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
     const std::string_view name = text.substr(0, text.find('='));
-    if (name.substr(0, 7) == "VMMIPC_" && config::ParamIndex(name) == config::kParamCount)
-      unknown.emplace_back(name);
+    if (name.substr(0, 7) != "VMMIPC_" || config::ParamIndex(name) != config::kParamCount) continue;
+    bool renamed = false;  // an old name: the library takes it, with its own warning
+    for (const config::RenamedParam& old : config::RenamedParams())
+      renamed = renamed || name == old.old_name;
+    if (!renamed) unknown.emplace_back(name);
   }
   std::sort(unknown.begin(), unknown.end());
   return unknown;

@@ -276,7 +276,7 @@ TEST_F(Fault, ExporterKilledWhilePreparingTheFdsFailsOpenAndLeavesNothing) {
     ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 2"), "ok");
     const std::string handle = Handle(*exporter, base);
     // The get's export ahead runs on: its chunk, and before it the exporter's
-    // warm-up (export anchor, fd table). Idle is once the count stays put.
+    // warm-up (export keep-alive, fd table). Idle is once the count stays put.
     const int idle = SteadyFdsOf(exporter->pid(), 300, 3000);
 
     auto answer = std::async(std::launch::async, [&] { return importer->Call("open " + handle); });

@@ -21,7 +21,7 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-class ZoneAnchors : public LoggedPeerTest {
+class ZoneAnchorTable : public LoggedPeerTest {
  protected:
   // Slots of 8 MiB: a slot's part of its stretch is 8 MiB, four chunks, so
   // that a few small buffers cover it.
@@ -69,7 +69,7 @@ class ZoneAnchors : public LoggedPeerTest {
   std::unique_ptr<PeerProcess> exporter_;
 };
 
-TEST_F(ZoneAnchors, TheLastCloseLeavesOneAnchorThatLaterOpensKeep) {
+TEST_F(ZoneAnchorTable, TheLastCloseLeavesOneAnchorThatLaterOpensKeep) {
   auto importer = Peer("importer", "1", {{"VMMIPC_STATS", "1"}});
   const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 3));
   const Resources before = Held(*importer);
@@ -89,7 +89,7 @@ TEST_F(ZoneAnchors, TheLastCloseLeavesOneAnchorThatLaterOpensKeep) {
   ExpectAnchorCounters(&importer, 1, 0, 0);
 }
 
-TEST_F(ZoneAnchors, AnOpenWhereTheAnchorLiesMovesItWithinTheStretch) {
+TEST_F(ZoneAnchorTable, AnOpenWhereTheAnchorLiesMovesItWithinTheStretch) {
   auto importer = Peer("importer", "1", kSmallSlots);
   // a: one chunk at the slot's offset 0; its close anchors the top of the slot's 8 MiB.
   const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 4));
@@ -110,7 +110,7 @@ TEST_F(ZoneAnchors, AnOpenWhereTheAnchorLiesMovesItWithinTheStretch) {
   ExpectAnchorCounters(&importer, 1, 2, 0);
 }
 
-TEST_F(ZoneAnchors, AnOpenThatFillsTheStretchDropsTheAnchor) {
+TEST_F(ZoneAnchorTable, AnOpenThatFillsTheStretchDropsTheAnchor) {
   auto importer = Peer("importer", "1", kSmallSlots);
   const std::string a = Handle(*exporter_, VmmBuffer(*exporter_, "a", 1, 6));
   ASSERT_NO_FATAL_FAILURE(OpenAtAndClose(*importer, a, kChunk, 6, kZoneBase));
@@ -130,7 +130,7 @@ TEST_F(ZoneAnchors, AnOpenThatFillsTheStretchDropsTheAnchor) {
   ExpectAnchorCounters(&importer, 1, 0, 1);
 }
 
-TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
+TEST_F(ZoneAnchorTable, SwitchedOffTheLastCloseLeavesNothing) {
   auto importer = Peer("importer", "1", {{"VMMIPC_ZONE_ANCHORS", "0"}, {"VMMIPC_STATS", "1"}});
   const std::string handle = Handle(*exporter_, VmmBuffer(*exporter_, "a", 2, 8));
   const Resources before = Held(*importer);
@@ -148,7 +148,7 @@ TEST_F(ZoneAnchors, SwitchedOffTheLastCloseLeavesNothing) {
 
 // --- failures: an anchor only saves time, so none of these fails an open or a close ---
 
-TEST_F(ZoneAnchors, NoMemoryForAnchorsLeavesOpensWorkingAndIsNotTriedAgain) {
+TEST_F(ZoneAnchorTable, NoMemoryForAnchorsLeavesOpensWorkingAndIsNotTriedAgain) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
@@ -167,7 +167,7 @@ TEST_F(ZoneAnchors, NoMemoryForAnchorsLeavesOpensWorkingAndIsNotTriedAgain) {
   ExpectAnchorCounters(&importer, 0, 0, 0);
 }
 
-TEST_F(ZoneAnchors, AnAnchorWhoseAccessFailsIsUnmappedAndTheNextCloseTriesAgain) {
+TEST_F(ZoneAnchorTable, AnAnchorWhoseAccessFailsIsUnmappedAndTheNextCloseTriesAgain) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
@@ -182,7 +182,7 @@ TEST_F(ZoneAnchors, AnAnchorWhoseAccessFailsIsUnmappedAndTheNextCloseTriesAgain)
   ExpectAnchorCounters(&importer, 1, 0, 0);
 }
 
-TEST_F(ZoneAnchors, AnAnchorThatCannotBeUnmappedFailsTheOpenOverItAndStays) {
+TEST_F(ZoneAnchorTable, AnAnchorThatCannotBeUnmappedFailsTheOpenOverItAndStays) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }

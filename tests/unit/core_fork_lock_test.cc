@@ -2,7 +2,7 @@
 // the forked child's cleanup needs (issue 24: 4 of 300 DataLoader workers
 // kept their parent's exported fds, and so its GPU memory, for their life).
 // The child must still close its copies of the parent's exported fds (the
-// mapping table's cache, the export anchor) and of the watch connections.
+// mapping table's cache, the export keep-alive) and of the watch connections.
 //
 // The other thread is stopped inside the critical section by a hold point in
 // the syscall it makes there: this binary is linked with -Wl,--wrap=fcntl
@@ -179,7 +179,7 @@ void ResetHold() {
   g_hold_dup_of = -1;
 }
 
-// Three chunks with a cached exported fd each, and the export anchor.
+// Three chunks with a cached exported fd each, and the export keep-alive.
 struct Exported {
   std::vector<uint64_t> bases;
   std::vector<uint32_t> generations;
@@ -212,7 +212,7 @@ TEST(CoreForkLocks, TheChildClosesTheCachedFdsWhileAnotherThreadHoldsTheMappingT
   ResetHold();
   ProcessState& state = State();
   const Exported exported = ExportThree(state, 0x7e0000000000);
-  state.exporter.KeepExportAnchor(0, Memfd(kExported));
+  state.exporter.HoldExportKeepAlive(0, Memfd(kExported));
   const std::set<std::string> targets = {std::string("/memfd:") + kExported};
   ASSERT_EQ(FdsTo(targets), 4);
 

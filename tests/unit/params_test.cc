@@ -497,6 +497,7 @@ TEST(Params, ConfigurationDocMatchesTheTable) {
   text << file.rdbuf();
   const std::string doc = text.str();
   std::set<std::string> names;
+  for (const RenamedParam& renamed : RenamedParams()) names.insert(renamed.old_name);
   for (const ParamSpec& spec : AllParams()) {
     names.insert(spec.name);
     const std::string row = std::string("| `") + spec.name + "` | `" + spec.default_text + "` |";
@@ -506,6 +507,33 @@ TEST(Params, ConfigurationDocMatchesTheTable) {
   for (auto it = std::sregex_iterator(doc.begin(), doc.end(), mention);
        it != std::sregex_iterator(); ++it)
     EXPECT_TRUE(names.count(it->str())) << it->str() << " is documented but not declared";
+}
+
+// A renamed variable's old name still works, with one warning; where the new
+// name is set too, the new one wins and the old one is named as ignored.
+TEST(Params, OldNameOfARenamedVariableStillWorks) {
+  ASSERT_FALSE(RenamedParams().empty());
+  for (const RenamedParam& renamed : RenamedParams())
+    EXPECT_NE(ParamIndex(renamed.name), kParamCount) << renamed.name << " is not declared";
+  Params old_only = ParseWith({{"VMMIPC_EXPORT_ANCHOR", "0"}});
+  EXPECT_FALSE(old_only.export_keepalive);
+  ASSERT_EQ(old_only.warnings.size(), 1u);
+  EXPECT_NE(old_only.warnings[0].find("VMMIPC_EXPORT_ANCHOR is the old name of "
+                                      "VMMIPC_EXPORT_KEEPALIVE"),
+            std::string::npos)
+      << old_only.warnings[0];
+  EXPECT_EQ(old_only.outcomes[ParamIndex("VMMIPC_EXPORT_KEEPALIVE")].origin, Origin::kEnvironment);
+
+  Params both = ParseWith({{"VMMIPC_EXPORT_ANCHOR", "0"}, {"VMMIPC_EXPORT_KEEPALIVE", "1"}});
+  EXPECT_TRUE(both.export_keepalive);
+  ASSERT_EQ(both.warnings.size(), 1u);
+  EXPECT_NE(both.warnings[0].find("ignoring VMMIPC_EXPORT_ANCHOR='0'"), std::string::npos)
+      << both.warnings[0];
+
+  Params bad = ParseWith({{"VMMIPC_EXPORT_ANCHOR", "maybe"}});
+  EXPECT_TRUE(bad.export_keepalive);   // the default stays
+  EXPECT_EQ(bad.warnings.size(), 2u);  // the old name, and the value
+  EXPECT_TRUE(ParseWith({}).warnings.empty());
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ namespace {
 // Exports the chunk at `address` into the cache unless it is there already.
 // An export costs tens of microseconds, and the process's first export (or
 // the first after every exported chunk was unmapped) far more for the
-// driver's export set-up (docs/driver-behaviour.md#export-cliff). Frameworks get every handle, exchange them, then open: the exports
-// run while the handles travel.
+// driver's export set-up (docs/driver-behaviour.md#export-cliff). Frameworks get every handle,
+// exchange them, then open: the exports run while the handles travel.
 void ExportAhead(uint64_t address) {
   ExportSide& exporter = State().exporter;
   std::optional<state::VmmMapping> chunk = exporter.mappings().Find(address);

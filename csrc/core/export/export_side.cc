@@ -1,4 +1,4 @@
-// The export side's queue of chunks to export ahead, its export anchor, and
+// The export side's queue of chunks to export ahead, its export keep-alive, and
 // its fork reset.
 #include "core/export/export_side.h"
 
@@ -35,10 +35,10 @@ void ExportSide::DropExportAhead() noexcept {
   ahead_queued_ = false;
 }
 
-void ExportSide::KeepExportAnchor(uint64_t handle, ScopedFd fd) {
-  std::lock_guard<ForkMutex> lock(anchor_mutex_);
-  anchor_handle_ = handle;
-  anchor_fd_ = std::move(fd);
+void ExportSide::HoldExportKeepAlive(uint64_t handle, ScopedFd fd) {
+  std::lock_guard<ForkMutex> lock(keepalive_mutex_);
+  keepalive_handle_ = handle;
+  keepalive_fd_ = std::move(fd);
 }
 
 // The listener is looked at only once ready: listener_ never changes then. One
@@ -46,19 +46,19 @@ void ExportSide::KeepExportAnchor(uint64_t handle, ScopedFd fd) {
 // ParentAfterFork knows.
 void ExportSide::PrepareFork() noexcept {
   mappings_.PrepareFork();
-  anchor_mutex_.PrepareFork();
+  keepalive_mutex_.PrepareFork();
   if (listener_ready()) listener_->PrepareFork();
 }
 
 void ExportSide::ParentAfterFork() noexcept {
   if (listener_ready()) listener_->ParentAfterFork();
-  anchor_mutex_.ParentAfterFork();
+  keepalive_mutex_.ParentAfterFork();
   mappings_.ParentAfterFork();
 }
 
 void ExportSide::AbandonAfterFork() {
-  // The child's copies only: the parent keeps its anchor (and its memory).
-  if (anchor_mutex_.ChildAfterFork()) anchor_fd_.Reset();
+  // The child's copies only: the parent keeps its keep-alive (and its memory).
+  if (keepalive_mutex_.ChildAfterFork()) keepalive_fd_.Reset();
   if (!mappings_.CloseCachedFdsInForkedChild())
     VMMIPC_LOG_WARN(
         "forked child: the thread that forked was inside the exported-fd cache (a fork "

@@ -14,12 +14,12 @@
 //    swap the list, never across an export.
 //  - warm_up_mutex_ is held while the warm-up before the first export runs
 //    (driver calls, once per process); later exports see
-//    warmed_up_ and take no lock. The export anchor it makes is kept under
-//    anchor_mutex_, which is never held across a driver call.
-//  - Fork: the mapping table's lock, anchor_mutex_ and the listener's watch
+//    warmed_up_ and take no lock. The export keep-alive it makes is kept under
+//    keepalive_mutex_, which is never held across a driver call.
+//  - Fork: the mapping table's lock, keepalive_mutex_ and the listener's watch
 //    list are fork locks (common/fork_lock.h), taken by the fork handler in
 //    that order (PrepareFork), so that a forked child can always close its
-//    copies of the cache's fds, the anchor and the watch connections. Each is
+//    copies of the cache's fds, the keep-alive and the watch connections. Each is
 //    held only to read or write what it guards (a dup() of a cached fd under
 //    the table's, a poll() that does not wait under the watch list's), never
 //    across I/O, a driver call or another lock.
@@ -82,7 +82,7 @@ class ExportSide {
   // Posting the drain task failed: forgets the queue.
   void DropExportAhead() noexcept;
 
-  // The warm-up before the first export (core/export/export_warmup.h): `warm_up()`
+  // The warm-up before the first export (core/export/export_keepalive.h): `warm_up()`
   // runs once, under warm_up_mutex_; a caller that comes while it runs waits
   // for its end, so that no export (and no answer) leaves before it is done.
   template <typename WarmUp>
@@ -93,15 +93,15 @@ class ExportSide {
     warm_up();
     warmed_up_.store(true, std::memory_order_release);
   }
-  // Keeps the anchor's allocation handle and its exported fd until exit.
-  void KeepExportAnchor(uint64_t handle, ScopedFd fd);
+  // Keeps the keep-alive's allocation handle and its exported fd until exit.
+  void HoldExportKeepAlive(uint64_t handle, ScopedFd fd);
 
   // The fork handlers' (core/process_state.cc): before a fork, takes the fork
   // locks above (waiting for their holders); after it, in the parent, releases them.
   void PrepareFork() noexcept;
   void ParentAfterFork() noexcept;
   // In a forked child: closes its copies of the parent's cached exported fds
-  // and of the anchor (they would keep the parent's memory alive) and
+  // and of the keep-alive (they would keep the parent's memory alive) and
   // abandons the listener, whose threads are the parent's.
   void AbandonAfterFork();
 
@@ -120,9 +120,9 @@ class ExportSide {
 
   std::mutex warm_up_mutex_;
   std::atomic<bool> warmed_up_{false};
-  ForkMutex anchor_mutex_;
-  uint64_t anchor_handle_ = 0;  // never released: the process keeps it to its end
-  ScopedFd anchor_fd_;
+  ForkMutex keepalive_mutex_;
+  uint64_t keepalive_handle_ = 0;  // never released: the process keeps it to its end
+  ScopedFd keepalive_fd_;
 
   std::mutex ahead_mutex_;
   std::vector<uint64_t> ahead_;

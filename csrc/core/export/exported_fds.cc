@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/export/export_warmup.h"
+#include "core/export/export_keepalive.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -41,7 +41,7 @@ CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, Scoped
     return CUDA_SUCCESS;
   }
   // Once per process, before the first export and outside the stripes (it
-  // makes an allocation and exports it): the export anchor.
+  // makes an allocation and exports it): the export keep-alive.
   WarmUpBeforeFirstExport(exporter, chunk.device);
   // Two answers missing the same chunk at once (peers opening together, or
   // the export ahead) would export it twice: one export per chunk, the
@@ -57,8 +57,7 @@ CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, Scoped
   ScopedFd exported;
   VMMIPC_RETURN_IF_ERROR(ExportAt(chunk.base, &exported));
   std::vector<ScopedFd> evicted;  // closed here, outside the table's lock
-  *fd = exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported),
-                                          &evicted);
+  *fd = exporter.mappings().CacheFd(chunk.base, chunk.generation, std::move(exported), &evicted);
   if (!evicted.empty()) stats::Count(stats::Counter::kFdCacheEvictions, evicted.size());
   return CUDA_SUCCESS;
 }
@@ -69,9 +68,8 @@ CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, Scoped
 void UseExportContext(const ExportSide& exporter) {
   static thread_local bool context_set = false;
   if (!context_set && exporter.export_context() != nullptr) {
-    context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(exporter.export_context())) ==
-        CUDA_SUCCESS;
+    context_set = VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(exporter.export_context())) ==
+                  CUDA_SUCCESS;
   }
 }
 

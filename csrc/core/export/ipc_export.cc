@@ -12,16 +12,16 @@
 #include "common/log.h"
 #include "common/syscall.h"
 #include "config/params.h"
-#include "core/export/export_ahead.h"
 #include "core/arena/export_arena.h"
+#include "core/export/export_ahead.h"
 #include "core/export/exported_fds.h"
 #include "core/export/fd_cache_limit.h"
+#include "core/export/rank_slot.h"
+#include "core/export/vmm_memory.h"
 #include "core/hooks.h"
 #include "core/process_state.h"
-#include "core/export/rank_slot.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "core/export/vmm_memory.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
 #include "transport/wire.h"
@@ -309,7 +309,8 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
                      handle.chunk_base, handle.chunk_size, handle.region_base});
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
-  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(state.exporter, chunk.base);
+  if (!chunk.export_cached && chunk.posix_fd_exportable)
+    QueueExportAhead(state.exporter, chunk.base);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -16,7 +16,7 @@
 //    happens before it is taken. Taken before import_mutex_, never after it.
 //  - zone_mutex_ guards the zone's reservation; the zone never changes once
 //    Zone() has returned.
-//  - The page-table anchors' table (state/zone_anchors.h) is read and
+//  - The page-table anchors' table (state/zone_anchor_table.h) is read and
 //    written under import_mutex_ too (WithAnchors); what is done to one
 //    slot's anchors (map, unmap) is done under that slot's placement lock.
 //    anchor_memory_mutex_ guards the anchors' memory, one allocation per
@@ -53,7 +53,7 @@
 #include "state/import_table.h"
 #include "state/import_zone.h"
 #include "state/in_flight_opens.h"
-#include "state/zone_anchors.h"
+#include "state/zone_anchor_table.h"
 #include "transport/peer_client.h"
 #include "transport/watch_client.h"
 
@@ -219,7 +219,7 @@ class ImportSide {
 
   std::mutex import_mutex_;
   state::ImportTable imports_;
-  state::ZoneAnchors anchors_;
+  state::ZoneAnchorTable anchors_;
 
   std::mutex anchor_memory_mutex_;
   std::map<int32_t, std::optional<AnchorMemory>> anchor_memory_;

@@ -13,7 +13,7 @@
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
-#include "state/zone_anchors.h"
+#include "state/zone_anchor_table.h"
 
 namespace vmmipc::core {
 namespace {
@@ -90,7 +90,7 @@ void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChun
       if (c.target < within.end && within.begin < c.target + c.size) device = c.device;
     std::vector<Span> busy;
     const bool wanted =
-        importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
+        importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchorTable& anchors) {
           if (anchors.Find(key)) return false;
           const std::vector<state::MappedChunk> left = table.ChunksIn(within.begin, within.end);
           if (std::any_of(left.begin(), left.end(), [](const auto& c) { return !c.paused; }))
@@ -105,7 +105,7 @@ void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChun
     busy.insert(busy.end(), unmapping.begin(), unmapping.end());  // still mapped now
     const std::optional<uint64_t> spot = state::FreeSpot(within, memory->size, busy);
     if (!spot || !MapAnchor(*memory, *spot, device)) continue;
-    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchorTable& anchors) {
       anchors.Set(key, {*spot, memory->size, device});
     });
     stats::Count(stats::Counter::kZoneAnchorsMapped);
@@ -124,7 +124,7 @@ bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
     const Span within = state::StretchInSlot(key.stretch, SlotSpan(*zone, slot));
     std::optional<state::Anchor> anchor;
     std::vector<Span> busy;
-    importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchorTable& anchors) {
       anchor = anchors.Find(key);
       if (anchor) busy = SpansOf(table.ChunksIn(within.begin, within.end));
     });
@@ -159,7 +159,7 @@ bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
                       anchor->address, anchor->size, driver::ErrorName(unmapped));
       return false;
     }
-    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchors& anchors) {
+    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchorTable& anchors) {
       if (moved)
         anchors.Set(key, {moved_to, anchor->size, anchor->device});
       else

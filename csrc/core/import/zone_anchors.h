@@ -1,4 +1,4 @@
-// The import zone's page-table anchors (state/zone_anchors.h says why): the
+// The import zone's page-table anchors (state/zone_anchor_table.h says why): the
 // driver calls that leave, move and drop them around the closes' unmaps and
 // the opens' maps. An anchor only saves time: every failure here is logged
 // and skipped, and is never an open's or a close's error.

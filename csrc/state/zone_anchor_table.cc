@@ -1,19 +1,19 @@
 // The anchors' table and the arithmetic of where one may go.
-#include "state/zone_anchors.h"
+#include "state/zone_anchor_table.h"
 
 #include <algorithm>
 
 namespace vmmipc::state {
 
-std::optional<Anchor> ZoneAnchors::Find(const AnchorKey& key) const {
+std::optional<Anchor> ZoneAnchorTable::Find(const AnchorKey& key) const {
   auto it = anchors_.find(key);
   if (it == anchors_.end()) return std::nullopt;
   return it->second;
 }
 
-void ZoneAnchors::Set(const AnchorKey& key, const Anchor& anchor) { anchors_[key] = anchor; }
+void ZoneAnchorTable::Set(const AnchorKey& key, const Anchor& anchor) { anchors_[key] = anchor; }
 
-void ZoneAnchors::Clear(const AnchorKey& key) { anchors_.erase(key); }
+void ZoneAnchorTable::Clear(const AnchorKey& key) { anchors_.erase(key); }
 
 std::vector<uint64_t> StretchesOf(uint64_t begin, uint64_t end) {
   std::vector<uint64_t> stretches;

@@ -1,7 +1,7 @@
 // The page-table anchors' bookkeeping: which stretches a range touches, the
 // part of a stretch inside a slot, where a free spot is, and the import
 // table's view of a stretch.
-#include "state/zone_anchors.h"
+#include "state/zone_anchor_table.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@ constexpr uint64_t kStretch = 512ull << 20;  // kAnchorStretch
 constexpr uint64_t kGiB = 1ull << 30;
 constexpr uint64_t kZone = 0x300000000000ull;
 
-TEST(ZoneAnchors, StretchesOfARangeAreThe512MiBsItTouches) {
+TEST(ZoneAnchorTable, StretchesOfARangeAreThe512MiBsItTouches) {
   EXPECT_EQ(kAnchorStretch, kStretch);
   EXPECT_TRUE(StretchesOf(kZone, kZone).empty());
   EXPECT_EQ(StretchesOf(kZone, kZone + 2 * kMiB), std::vector<uint64_t>{kZone});
@@ -26,7 +26,7 @@ TEST(ZoneAnchors, StretchesOfARangeAreThe512MiBsItTouches) {
   EXPECT_EQ(StretchesOf(UINT64_MAX - kMiB, UINT64_MAX).size(), 1u);
 }
 
-TEST(ZoneAnchors, AStretchIsCutToItsSlot) {
+TEST(ZoneAnchorTable, AStretchIsCutToItsSlot) {
   const Span slot{kZone + 8 * kMiB, kZone + 16 * kMiB};
   const Span part = StretchInSlot(kZone, slot);
   EXPECT_EQ(part.begin, slot.begin);
@@ -38,7 +38,7 @@ TEST(ZoneAnchors, AStretchIsCutToItsSlot) {
   EXPECT_EQ(none.begin, none.end);
 }
 
-TEST(ZoneAnchors, FreeSpotIsTheHighestAlignedGapOrNone) {
+TEST(ZoneAnchorTable, FreeSpotIsTheHighestAlignedGapOrNone) {
   const Span stretch{kZone, kZone + kStretch};
   EXPECT_EQ(FreeSpot(stretch, 2 * kMiB, {}), kZone + kStretch - 2 * kMiB);
   // The top is taken: just below it.
@@ -63,8 +63,8 @@ TEST(ZoneAnchors, FreeSpotIsTheHighestAlignedGapOrNone) {
   EXPECT_FALSE(FreeSpot({0, 2 * kMiB}, 2 * kMiB, {{0, kMiB}}));
 }
 
-TEST(ZoneAnchors, TableKeysAnchorsByStretchAndSlot) {
-  ZoneAnchors anchors;
+TEST(ZoneAnchorTable, TableKeysAnchorsByStretchAndSlot) {
+  ZoneAnchorTable anchors;
   EXPECT_FALSE(anchors.Find({kZone, 0}));
   anchors.Set({kZone, 0}, {kZone + kGiB - 2 * kMiB, 2 * kMiB, 0});
   anchors.Set({kZone, 1}, {kZone + 10 * kMiB, 2 * kMiB, 1});
@@ -78,7 +78,7 @@ TEST(ZoneAnchors, TableKeysAnchorsByStretchAndSlot) {
   EXPECT_EQ(anchors.count(), 1u);
 }
 
-TEST(ZoneAnchors, KeysAreTheStretchesChunksTouchWithinTheirSlot) {
+TEST(ZoneAnchorTable, KeysAreTheStretchesChunksTouchWithinTheirSlot) {
   // Slots of 8 MiB: a chunk running past its slot counts only inside it.
   const ZoneLayout zone{kZone, 4, 8 * kMiB};
   const ExporterId e{7, 1};
@@ -99,7 +99,7 @@ TEST(ZoneAnchors, KeysAreTheStretchesChunksTouchWithinTheirSlot) {
   EXPECT_EQ(spans[1].end, kZone + 18 * kMiB);
 }
 
-TEST(ZoneAnchors, ImportTableListsTheChunksOverlappingARange) {
+TEST(ZoneAnchorTable, ImportTableListsTheChunksOverlappingARange) {
   ImportTable table;
   const ExporterId e{7, 1};
   for (uint64_t offset : {uint64_t{0}, 4 * kMiB, 10 * kMiB})

@@ -1,5 +1,5 @@
-// After an exporter's first export (core/export/export_warmup.h): the export anchor
-// (VMMIPC_EXPORT_ANCHOR), one exported fd of a small allocation of its own
+// After an exporter's first export (core/export/export_keepalive.h): the export keep-alive
+// (VMMIPC_EXPORT_KEEPALIVE), one exported fd of a small allocation of its own
 // kept until it exits, so that the driver's export state outlives the unmap of
 // every exported chunk. And the fd table, grown for the exported-fd cache at
 // load time while the process has one thread (core/load_time.h), not later.
@@ -29,7 +29,7 @@
 namespace vmmipc::testing {
 namespace {
 
-class ExportWarmUp : public LoggedPeerTest {
+class ExportKeepAlive : public LoggedPeerTest {
  protected:
   void SetUp() override {
     LoggedPeerTest::SetUp();
@@ -41,7 +41,7 @@ class ExportWarmUp : public LoggedPeerTest {
   std::unique_ptr<PeerProcess> Exporter(const std::string& name, const std::string& anchor) {
     return Peer(
         name, "0",
-        {{"VMMIPC_EXPORT_ANCHOR", anchor}, {"VMMIPC_STATS", "1"}, {"VMMIPC_LOG_LEVEL", "debug"}});
+        {{"VMMIPC_EXPORT_KEEPALIVE", anchor}, {"VMMIPC_STATS", "1"}, {"VMMIPC_LOG_LEVEL", "debug"}});
   }
 
   // One buffer's life in `exporter`: made, shared, opened, checked and closed
@@ -114,23 +114,23 @@ class ExportWarmUp : public LoggedPeerTest {
   std::unique_ptr<PeerProcess> importer_;
 };
 
-TEST_F(ExportWarmUp, TheFirstExportLeavesOneAnchorThatOutlivesEveryUnmap) {
+TEST_F(ExportKeepAlive, TheFirstExportLeavesOneAnchorThatOutlivesEveryUnmap) {
   auto with = Exporter("with", "1");
   auto without = Exporter("without", "0");
   const Resources with_before = Held(*with);
   const Resources without_before = Held(*without);
   const Resources with_after = ShareAndFree(*with, "a", 3, "export warm-up done");
   const Resources without_after = ShareAndFree(*without, "a", 3, "export warm-up done");
-  EXPECT_TRUE(LogShows(*with, "export anchor kept")) << Log(*with);
-  EXPECT_TRUE(LogShows(*without, "export anchor off")) << Log(*without);
+  EXPECT_TRUE(LogShows(*with, "export keep-alive kept")) << Log(*with);
+  EXPECT_TRUE(LogShows(*without, "export keep-alive off")) << Log(*without);
   EXPECT_EQ(Difference(with_after, with_before, without_after, without_before), OneAnchor());
   // Later buffers, shared and freed in turn: no second anchor, nothing grows.
   const size_t from = Log(*with).size();
   EXPECT_EQ(ShareAndFree(*with, "b", 4, ""), with_after);
   EXPECT_EQ(ShareAndFree(*with, "c", 5, ""), with_after);
-  EXPECT_EQ(Log(*with).find("export anchor", from), std::string::npos);
-  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 1u);
-  EXPECT_EQ(StatsCounter(ExitLog(&without), "export_anchors"), 0u);
+  EXPECT_EQ(Log(*with).find("export keep-alive", from), std::string::npos);
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_keepalives"), 1u);
+  EXPECT_EQ(StatsCounter(ExitLog(&without), "export_keepalives"), 0u);
 }
 
 // FDSize of process `pid`; -1 when unknown.
@@ -152,7 +152,7 @@ long GrownAtLoad() {
   return std::min(2 * std::min(1024L, soft / 4), soft);
 }
 
-TEST_F(ExportWarmUp, TheFdTableIsGrownAtLoadAndNoShareGrowsIt) {
+TEST_F(ExportKeepAlive, TheFdTableIsGrownAtLoadAndNoShareGrowsIt) {
   const long want = GrownAtLoad();
   // Another cache bound than the default: the table is sized for the default
   // all the same (the configuration is not read at load time).
@@ -170,7 +170,7 @@ TEST_F(ExportWarmUp, TheFdTableIsGrownAtLoadAndNoShareGrowsIt) {
   EXPECT_GE(FdTableSizeOf(importer_->pid()), want);
 }
 
-TEST_F(ExportWarmUp, VmmipcOffLeavesTheFdTableAlone) {
+TEST_F(ExportKeepAlive, VmmipcOffLeavesTheFdTableAlone) {
   const long want = GrownAtLoad();
   auto off = Peer("off", "0", {{"VMMIPC_ENABLE", "0"}});
   ASSERT_NE(off, nullptr);
@@ -180,7 +180,7 @@ TEST_F(ExportWarmUp, VmmipcOffLeavesTheFdTableAlone) {
 // dlopen'ed into a process that already runs two threads: growing there would
 // wait for a grace period (on the loading thread, and on any thread that opens
 // an fd meanwhile), so the table is left as it is.
-TEST_F(ExportWarmUp, ALibraryLoadedLateIntoAThreadedProcessLeavesTheFdTableAlone) {
+TEST_F(ExportKeepAlive, ALibraryLoadedLateIntoAThreadedProcessLeavesTheFdTableAlone) {
   const long want = GrownAtLoad();
   auto late = PeerProcess::Start({{"VMMIPC_RANK", "0"}}, /*preload=*/false);
   ASSERT_NE(late, nullptr);
@@ -192,30 +192,30 @@ TEST_F(ExportWarmUp, ALibraryLoadedLateIntoAThreadedProcessLeavesTheFdTableAlone
 
 // --- failures: the anchor only saves time, so none of these fails a share ---
 
-TEST_F(ExportWarmUp, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
+TEST_F(ExportKeepAlive, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
   // The buffer's cuMemCreate comes first; the next one is the anchor's.
   auto with = ShareWithAFailingAnchor(
-      "cuMemCreate", 1, "export anchor: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
+      "cuMemCreate", 1, "export keep-alive: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
   ASSERT_NE(with, nullptr);
   // Not tried again: the next share works, makes none and leaves nothing.
   const Resources after = Steady(*with);
   EXPECT_EQ(ShareAndFree(*with, "b", 7, ""), after);
-  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_keepalives"), 0u);
 }
 
-TEST_F(ExportWarmUp, AnAnchorThatCannotBeExportedIsReleased) {
+TEST_F(ExportKeepAlive, AnAnchorThatCannotBeExportedIsReleased) {
   if (!Sim()) {
     GTEST_SKIP() << "fault injection needs the simulated driver";
   }
   // The anchor is made before the process's first export of a chunk: its export is the first.
   auto with = ShareWithAFailingAnchor("cuMemExportToShareableHandle", 1,
-                                      "export anchor: none (cuMemExportToShareableHandle on "
+                                      "export keep-alive: none (cuMemExportToShareableHandle on "
                                       "device 0: CUDA_ERROR_OUT_OF_MEMORY)");
   ASSERT_NE(with, nullptr);
-  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_anchors"), 0u);
+  EXPECT_EQ(StatsCounter(ExitLog(&with), "export_keepalives"), 0u);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// ZoneAnchors: the import zone's page-table anchors, bookkeeping only.
+// ZoneAnchorTable: the import zone's page-table anchors, bookkeeping only.
 //
 // The driver frees a GPU's page table of a 512 MiB stretch of address space
 // with the last mapping in it, and the next cuMemSetAccess there builds it
@@ -52,7 +52,7 @@ struct Span {
   uint64_t end = 0;
 };
 
-class ZoneAnchors {
+class ZoneAnchorTable {
  public:
   std::optional<Anchor> Find(const AnchorKey& key) const;
   void Set(const AnchorKey& key, const Anchor& anchor);
