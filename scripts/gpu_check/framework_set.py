@@ -155,10 +155,10 @@ def env_lines(c):
 def count_gpus(c):
     if c.found("nvidia-smi"):
         rows = c.probe(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], 20)[1]
-        c.gpus = sum(1 for l in rows.splitlines() if l.strip().isdigit())
+        c.gpus = sum(1 for line in rows.splitlines() if line.strip().isdigit())
         rows = c.probe(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                        20)[1]
-        c.gpu_line = next((l for l in rows.splitlines() if "," in l), "") or "no GPU"
+        c.gpu_line = next((line for line in rows.splitlines() if "," in line), "") or "no GPU"
     return []
 
 
@@ -266,8 +266,9 @@ def judge_sglang(with_vmmipc):
                 "SGLang's path reads the peer's tensors, legacy IPC refused: %s (rank 0); "
                 "exit %d" % (summary, out.rc))
         measure = out.first(r"^MEASURE rank0 .*").split(" ", 2)[2:]
-        return status_result(out.rc), "both paths read the peer's tensors: %s (rank 0); %s; exit %d" % (
-            summary, "".join(measure) or "no MEASURE line", out.rc)
+        return status_result(out.rc), (
+            "both paths read the peer's tensors: %s (rank 0); %s; exit %d" % (
+                summary, "".join(measure) or "no MEASURE line", out.rc))
 
     judge.__doc__ = "By the exit status; the rank 0 SUMMARY line%s." % (
         " and its MEASURE line" if with_vmmipc else "")
@@ -304,7 +305,7 @@ def latency_table(c):
     if not os.path.isfile(path):
         return []
     with open(path, encoding="utf-8", errors="replace") as handle:
-        table = [l.rstrip("\n") for l in handle if l.startswith("|")]
+        table = [line.rstrip("\n") for line in handle if line.startswith("|")]
     return ["", "vLLM custom all-reduce, graph replay, bf16, per all-reduce:", ""] + table
 
 
@@ -364,8 +365,9 @@ def check_set(ctx):
                  when_doc="--deepep-build, a DeepEP tree and 2 GPUs",
                  run=[Cmd(["{python}", "{harness}/deepep_build.py", "--deepep-src", "{deepep_src}"],
                           480)]),
-            Step("library", banner="libvmmipc.so", log="library.log", judge=by_status("given: {lib}"),
-                 when=lambda c: bool(c.lib_given), when_doc="--lib given",
+            Step("library", banner="libvmmipc.so", log="library.log",
+                 judge=by_status("given: {lib}"), when=lambda c: bool(c.lib_given),
+                 when_doc="--lib given",
                  gates=[Gate("the --lib file exists", lambda c: bool(c.lib), FAIL,
                              "--lib {lib_given}: no such file")]),
             Step("library", banner="libvmmipc.so", log="library.log", judge=judge_library,
@@ -386,13 +388,14 @@ def check_set(ctx):
                 Step("vllm build", log="vllm-build.log", judge=judge_vllm_build, required=True,
                      when=lambda c: not c.vllm_ext_given, when_doc="no --vllm-ext",
                      run=[Cmd(["{python}", "{harness}/vllm_custom_ar.py", "build", "--vllm-src",
-                               "{vllm_src}", "--build-dir", "{build_dir}/frameworks/vllm_custom_ar"],
-                              420)]),
+                               "{vllm_src}", "--build-dir",
+                               "{build_dir}/frameworks/vllm_custom_ar"], 420)]),
                 Wait("deepep build"),  # nothing below competes with a compile
                 Step("vllm without vmmipc", log="vllm-no-vmmipc.log", judge=judge_vllm_without,
                      run=[Cmd(["{torchrun}", "{harness}/vllm_custom_ar.py", "run", "--ext",
                                "{vllm_ext}", "--out", "{out}/vllm-no-vmmipc.json"], 180,
-                              env={"LD_PRELOAD": "{preload}", "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE})]),
+                              env={"LD_PRELOAD": "{preload}",
+                                   "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE})]),
                 # Twice fresh each, interleaved so that drift hits both.
                 vllm_run("vmmipc-1"), vllm_run("legacy-1"), vllm_run("vmmipc-2"),
                 vllm_run("legacy-2"),
@@ -420,8 +423,8 @@ def check_set(ctx):
                      run=[Cmd(sglang, 180, env={"LD_PRELOAD": "{preload}",
                                                 "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE})]),
                 Step("sglang with vmmipc", log="sglang-vmmipc.log", judge=judge_sglang(True),
-                     run=[Cmd(["{launcher}", "--lib", "{lib}", "--log-level", "info", "--"] + sglang,
-                              180, env={"PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE})])]),
+                     run=[Cmd(["{launcher}", "--lib", "{lib}", "--log-level", "info", "--"]
+                              + sglang, 180, env={"PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE})])]),
             Banner("DeepEP intranode, Buffer in a torch_memory_saver region"),
             Wait("deepep build"),
             Group("deepep", setup=deepep_setup,
@@ -433,7 +436,8 @@ def check_set(ctx):
                            lambda c: not c.modules_missing(), SKIP,
                            "not importable: {deepep_missing}(build and install DeepEP per its "
                            "README; pip install torch_memory_saver)")], items=[
-                Step("deepep without vmmipc", log="deepep-no-vmmipc.log", judge=judge_deepep_without,
+                Step("deepep without vmmipc", log="deepep-no-vmmipc.log",
+                     judge=judge_deepep_without,
                      run=[Cmd(["{python}"] + deepep, 240, env={"LD_PRELOAD": "{deepep_preload}"})]),
                 Step("deepep with vmmipc", log="deepep-vmmipc.log", judge=judge_deepep_with,
                      run=[Cmd(["{launcher}", "--lib", "{lib}", "--deepep", "--log-level", "info",

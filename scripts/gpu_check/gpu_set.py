@@ -84,8 +84,8 @@ class GpuContext(Context):
         """Past a broken target, so that the library and the GPU clients still get built."""
         try:
             with open(self.cache()) as handle:
-                kind = next((l.split("=", 1)[1] for l in handle if l.startswith("CMAKE_GENERATOR:")),
-                            "")
+                kind = next((line.split("=", 1)[1] for line in handle
+                             if line.startswith("CMAKE_GENERATOR:")), "")
         except OSError:
             kind = " ".join(self.generator) if self.dry_run else ""
         if "Ninja" in kind:
@@ -135,7 +135,7 @@ def gpu_line(c):
         return ["nvidia-smi: not found"]
     # Only a real "name, driver" CSV row counts ("No devices were found" has no comma).
     rows = c.probe(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], 20)
-    c.gpu_line = next((l for l in rows[1].splitlines() if "," in l), "")
+    c.gpu_line = next((line for line in rows[1].splitlines() if "," in line), "")
     return []
 
 
@@ -147,14 +147,15 @@ def tool_lines(c):
             continue
         text = c.probe([tool, "--version"])[1].splitlines()
         if tool == "nvcc":
-            text = [l for l in text if "release" in l]
+            text = [line for line in text if "release" in line]
         lines.append("%s: %s" % (tool, text[0] if text else ""))
     return lines
 
 
 def libcuda_line(c):
     ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
-    found = [l.strip() for l in c.probe([ldconfig, "-p"])[1].splitlines() if "libcuda.so.1" in l]
+    found = [line.strip() for line in c.probe([ldconfig, "-p"])[1].splitlines()
+             if "libcuda.so.1" in line]
     return ["libcuda: " + (found[0] if found else "")]
 
 
@@ -162,8 +163,8 @@ def judge_env(c, out):
     """PASS when nvidia-smi lists a GPU; without one SKIP when GPU_CHECK_ALLOW_NO_GPU=1, else
     FAIL (nothing below is verified). The detail: the GPU and the torch/cupy/cuda.bindings
     versions."""
-    versions = " ".join(" ".join(l.split(" ")[:2]) for l in out.lines()
-                        if re.match(r"^(torch|cupy|cuda.bindings) ", l))
+    versions = " ".join(" ".join(line.split(" ")[:2]) for line in out.lines()
+                        if re.match(r"^(torch|cupy|cuda.bindings) ", line))
     if c.gpu_line and c.gpu_line != "no GPU":
         return PASS, "%s; %s" % (c.gpu_line, versions)
     c.gpu_line = "no GPU"
@@ -195,7 +196,7 @@ def ctest_check_lines(c):
     except OSError:
         return []
     with open(last, encoding="utf-8", errors="replace") as handle:
-        checks = [l.rstrip("\n") for l in handle if re.match(r"^(CHECK|RESULT|SKIP)", l)]
+        checks = [line.rstrip("\n") for line in handle if re.match(r"^(CHECK|RESULT|SKIP)", line)]
     return ["-- CHECK lines of the GPU clients (full output: %s) --" % last] + checks[:120]
 
 
@@ -203,12 +204,12 @@ def judge_ctest(c, out):
     """By ctest's exit status, but FAIL when a test line is neither Passed nor Skipped and SKIP
     when none passed; the counts and the first six tests that did not pass."""
     test = r" Test +#[0-9]+: "
-    tests = [l for l in out.lines() if re.search(test, l)]
-    passed = sum(1 for l in tests if re.search(r" Test +#[0-9]+: .* Passed ", l))
-    skipped = sum(1 for l in tests if re.search(r"\*\*\*Skipped", l))
-    failed = sum(1 for l in tests if not re.search(r" Passed |\*\*\*Skipped", l))
+    tests = [line for line in out.lines() if re.search(test, line)]
+    passed = sum(1 for line in tests if re.search(r" Test +#[0-9]+: .* Passed ", line))
+    skipped = sum(1 for line in tests if re.search(r"\*\*\*Skipped", line))
+    failed = sum(1 for line in tests if not re.search(r" Passed |\*\*\*Skipped", line))
     shape = r".*Test +#[0-9]+: ([^ ]+) [ .]*(\*\*\*)?([A-Za-z][A-Za-z :]*[A-Za-z]).*"
-    names = [re.sub(shape, r"\1=\3", l) for l in tests if " Passed " not in l][:6]
+    names = [re.sub(shape, r"\1=\3", line) for line in tests if " Passed " not in line][:6]
     result = status_result(out.rc)
     if result == PASS and failed:
         result = FAIL
@@ -240,13 +241,15 @@ def judge_bench(c, out):
         medians = 0
     targets = out.first(TARGETS, os.path.join(c.out, "benchmarks.md")) or "no report"
     png = ", bench.png" if os.path.isfile(os.path.join(c.out, "bench.png")) else ""
-    return status_result(out.rc), "%d medians, %d repetitions; targets: %s; benchmarks.md%s (exit %d)" % (
-        medians, c.bench_reps, targets, png, out.rc)
+    return status_result(out.rc), (
+        "%d medians, %d repetitions; targets: %s; benchmarks.md%s (exit %d)" % (
+            medians, c.bench_reps, targets, png, out.rc))
 
 
 def judge_floor(c, out):
     """By the probe's exit status; the vmm floor / legacy open ratios (RATIO lines)."""
-    ratios = [re.sub(r"^RATIO ([a-z]+): .* = ", r"\1 ", l) for l in out.lines() if l.startswith("RATIO ")]
+    ratios = [re.sub(r"^RATIO ([a-z]+): .* = ", r"\1 ", line) for line in out.lines()
+              if line.startswith("RATIO ")]
     ratios = ", ".join(",".join(ratios).split(",")) or "no RATIO lines"
     return status_result(out.rc), (
         "vmm floor / legacy open p50, N=2 one GPU: %s; floor.log (exit %d)" % (ratios, out.rc))
@@ -255,7 +258,7 @@ def judge_floor(c, out):
 def judge_open_sequence(c, out):
     """By the probe's exit status; its SET_ACCESS summary (an empty stretch against an anchored
     one)."""
-    lines = [l[len("SET_ACCESS "):] for l in out.lines() if l.startswith("SET_ACCESS ")]
+    lines = [line[len("SET_ACCESS "):] for line in out.lines() if line.startswith("SET_ACCESS ")]
     return status_result(out.rc), "%s; open-sequence.log (exit %d)" % (
         "; ".join(lines) or "no SET_ACCESS line", out.rc)
 
@@ -268,8 +271,9 @@ def judge_all_to_all(c, out):
     for _, _, files in os.walk(a2a):
         runs += sum(1 for f in files if re.fullmatch(r"all-to-all-n.*-g.*\.json", f))
     targets = out.first(TARGETS, os.path.join(a2a, "all-to-all.md")) or "no report"
-    return status_result(out.rc), "%d launcher runs; targets: %s; all-to-all/all-to-all.md (exit %d)" % (
-        runs, targets, out.rc)
+    return status_result(out.rc), (
+        "%d launcher runs; targets: %s; all-to-all/all-to-all.md (exit %d)" % (
+            runs, targets, out.rc))
 
 
 # --- the steps -------------------------------------------------------------------------------
@@ -337,7 +341,8 @@ def check_set(ctx):
             # 32 MiB chunks, then torch_memory_saver.pause()): the free memory must go up; after
             # resume the importer reads the new bytes at the same pointer, directly and through a
             # graph captured before the pause. Each also once without VMMIPC_FOLLOW.
-            Step("saver check", banner="memory saver: importers follow an exporter's pause and resume",
+            Step("saver check",
+                 banner="memory saver: importers follow an exporter's pause and resume",
                  log="saver-check.log", skip_key="saver", gates=[LIBRARY_BUILT],
                  judge=harness("memory_saver_check"),
                  run=[Cmd(["python3", "tests/python/memory_saver_check.py"], 240,
@@ -352,9 +357,9 @@ def check_set(ctx):
                         LIBRARY_BUILT],
                  remove=["{out}/bench.json", "{out}/bench-nopreload.json", "{out}/benchmarks.md",
                          "{out}/bench.png"],
-                 run=[Cmd(["bash", "tests/bench/run_bench.sh", "--bench", "{bench}", "--lib", "{lib}",
-                           "--out", "{out}", "--budget-s", "{bench_budget}", "--repetitions",
-                           "{bench_reps}", "--scale", "{bench_scale}"], 200)]),
+                 run=[Cmd(["bash", "tests/bench/run_bench.sh", "--bench", "{bench}", "--lib",
+                           "{lib}", "--out", "{out}", "--budget-s", "{bench_budget}",
+                           "--repetitions", "{bench_reps}", "--scale", "{bench_scale}"], 200)]),
             # The driver's floor under concurrency, no vmmipc: N=2 processes on GPU 0 open 64 of
             # each other's 2 MiB chunks with every fd in hand, beside legacy IPC.
             Step("driver floor", banner="the driver's import floor under concurrency",

@@ -115,7 +115,8 @@ class EngineTest(unittest.TestCase):
         ran = self.run_check([
             Step("gated", log="gated.log", run=[sh("touch " + marker)],
                  gates=[Gate("never", lambda c: False, SKIP, "not here: {out}")]),
-            Step("silent", run=[sh("touch " + marker)], gates=[Gate("never", lambda c: False, None)]),
+            Step("silent", run=[sh("touch " + marker)],
+                 gates=[Gate("never", lambda c: False, None)]),
             Step("unwanted", run=[sh("touch " + marker)], when=lambda c: False)])
         self.assertEqual(ran.code, 0)
         self.assertEqual(ran.row("gated"), [SKIP, "not here: " + self.out, "0s"])

@@ -31,8 +31,8 @@ def record():
     keys = ("LD_PRELOAD", "VMMIPC_LOG_LEVEL", "GPU_CHECK_BASELINE", "VMMIPC_FOLLOW",
             "LOCAL_RANK", "RANK", "VMMIPC_RANK")
     with open(os.environ["FAKE_CALLS"], "a") as handle:
-        handle.write(json.dumps({{"tool": tool, "argv": args,
-                                 "env": {{k: os.environ[k] for k in keys if k in os.environ}}}}) + "\n")
+        env = {{k: os.environ[k] for k in keys if k in os.environ}}
+        handle.write(json.dumps({{"tool": tool, "argv": args, "env": env}}) + "\n")
 def touch(path, text="", mode=0o644):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
@@ -65,7 +65,8 @@ elif tool == "ctest":
     print("3/3 Test  #3: gpu.c ..........   Passed    0.10 sec")
 elif tool == "bash" and args[0].endswith("run_bench.sh"):
     out = opt("--out")
-    touch(os.path.join(out, "bench.json"), json.dumps({{"benchmarks": [{{"aggregate_name": "median"}}] * 3}}))
+    medians = [{{"aggregate_name": "median"}}] * 3
+    touch(os.path.join(out, "bench.json"), json.dumps({{"benchmarks": medians}}))
     touch(os.path.join(out, "benchmarks.md"), "5 met, 1 missed, 0 not measured\n")
     touch(os.path.join(out, "bench.png"))
 elif tool == "bash" and args[0].endswith("run_all_to_all.sh"):
@@ -254,8 +255,8 @@ class GpuCheckTest(unittest.TestCase):
     def test_the_wrapper_takes_the_output_folder(self):
         everything = "ctest,python,spawn,saver,bench,floor,all_to_all"
         result, _, rows = self.check({"GPU_CHECK_SKIP": everything},
-                                     ["/bin/bash", os.path.join(SOURCE_DIR, "scripts", "gpu-check.sh"),
-                                      self.out])
+                                     ["/bin/bash", os.path.join(SOURCE_DIR, "scripts",
+                                                                "gpu-check.sh"), self.out])
         self.assertEqual(result.returncode, 0, result.stdout[-2000:])
         self.assertEqual(rows["all_to_all"], ("SKIP", "GPU_CHECK_SKIP"))
 
