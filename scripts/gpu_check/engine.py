@@ -140,9 +140,12 @@ def _pump(stream, sinks, keep):
         for raw in iter(stream.readline, b""):
             if keep and not re.search(keep, raw.decode("utf-8", "replace")):
                 continue
-            for handle in files:
-                handle.write(raw)
-                handle.flush()
+            for handle in list(files):
+                try:
+                    handle.write(raw)
+                    handle.flush()
+                except OSError:  # a closed terminal must not stall the command or its log
+                    files.remove(handle)
     finally:
         for handle in files:
             if handle is not sys.stdout.buffer:
