@@ -203,14 +203,21 @@ def check(args, library, looked_at):
         env["VMMIPC_RANK"] = str(args.rank)
     if args.socket_dir is not None:
         env["VMMIPC_SOCKET_DIR"] = os.path.abspath(args.socket_dir)
+    try:
+        config, missing = settle(env, library=library), None
+    except ToolError as error:
+        config, missing = None, error
+    if config is not None and args.rank is not None and config.error("VMMIPC_RANK"):
+        # As in run mode: a --rank the library would refuse is a usage error.
+        print(f"vmmipc-run: error: argument --rank: {config.error('VMMIPC_RANK')}",
+              file=sys.stderr)
+        return 2
     print(f"vmmipc {vmmipc.__version__}: vmmipc-run --check")
     report = Report()
     check_library(report, library, looked_at)
-    try:
-        config = settle(env, library=library)
-    except ToolError as error:
-        report.line("fail", "config", f"{error}; reinstall vmmipc, or build it "
-                    "(scripts/setup.sh)", f"the configuration cannot be read ({error})")
+    if missing is not None:
+        report.line("fail", "config", f"{missing}; reinstall vmmipc, or build it "
+                    "(scripts/setup.sh)", f"the configuration cannot be read ({missing})")
         return report.verdict()
     probe = check_driver.run_probe(config["VMMIPC_CUDA_LIBRARY"],
                                    check_driver.reservations(config))

@@ -383,6 +383,10 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("vmmipc-run: error: argument --rank: ignoring VMMIPC_RANK='-3': must be "
                       "between 0 and 65534", bad_rank.stderr)
         self.assertEqual(run(["--check", "--", "true"], clean_env()).returncode, 2)
+        bad_rank = run(["--check", "--rank", "70000"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER))
+        self.assertEqual((bad_rank.returncode, bad_rank.stdout), (2, ""))
+        self.assertIn("vmmipc-run: error: argument --rank: ignoring VMMIPC_RANK='70000'",
+                      bad_rank.stderr)
         missing = run(["--lib", "/nonexistent/libvmmipc.so", "--", "true"], clean_env())
         self.assertEqual(missing.returncode, 1)
         self.assertIn("libvmmipc.so not found", missing.stderr)
