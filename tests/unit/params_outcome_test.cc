@@ -7,16 +7,10 @@
 #include <string>
 
 #include "config/params.h"
+#include "params_test_support.h"
 
 namespace vmmipc::config {
 namespace {
-
-Params ParseWith(std::map<std::string, std::string> env) {
-  return Parse([env = std::move(env)](const char* name) -> const char* {
-    auto it = env.find(name);
-    return it == env.end() ? nullptr : it->second.c_str();
-  });
-}
 
 const Outcome& OutcomeOf(const Params& p, const char* name) {
   const size_t index = ParamIndex(name);

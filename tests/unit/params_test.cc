@@ -1,6 +1,7 @@
 // The configuration table: value parsing, bad values warned and ignored, the
 // rank fallbacks, and docs/configuration.md kept in step with params.def.
 #include "config/params.h"
+#include "params_test_support.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,13 +18,6 @@
 
 namespace vmmipc::config {
 namespace {
-
-Params ParseWith(std::map<std::string, std::string> env) {
-  return Parse([env = std::move(env)](const char* name) -> const char* {
-    auto it = env.find(name);
-    return it == env.end() ? nullptr : it->second.c_str();
-  });
-}
 
 TEST(Params, DefaultsServeAnEightGpuNode) {
   Params p = ParseWith({});
