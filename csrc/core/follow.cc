@@ -72,7 +72,7 @@ using transport::wire::EventKind;
 
 AckStatus FollowPause(ProcessState& state, const state::ExporterId& exporter, const Event& event) {
   const std::vector<state::MappedChunk> chunks =
-      state.importer.Pause(exporter, event.base, static_cast<uint32_t>(event.generation));
+      state.importer.Pause(exporter, event.base, event.generation);
   if (chunks.empty()) return AckStatus::kNotHeld;
   // The mapping goes; the range stays reserved (zone slot or the open's own
   // reservation) for the resume. Touching it now faults, as on the exporter.
@@ -112,7 +112,7 @@ AckStatus FollowResume(ProcessState& state, const state::ExporterId& exporter, c
       status = AckStatus::kFailed;
       continue;
     }
-    state.importer.Resume(chunk.target, static_cast<uint32_t>(event.generation));
+    state.importer.Resume(chunk.target, event.generation);
     stats::Count(stats::Counter::kFollowResumes);
   }
   VMMIPC_LOG_DEBUG("follow: pid {} resumed 0x{:x}: {} chunk(s) mapped again here", exporter.pid,
@@ -145,7 +145,7 @@ bool LogForOpensInFlight(ProcessState& state, const state::ExporterId& exporter,
   logged.unfollowed = event.kind == EventKind::kUnfollowed;
   logged.base = event.base;
   logged.size = event.size;
-  logged.generation = static_cast<uint32_t>(event.generation);
+  logged.generation = event.generation;
   if (fd.valid()) logged.fd = std::make_shared<ScopedFd>(std::move(fd));
   return state.importer.LogForOpensInFlight(exporter, logged);
 }

@@ -14,7 +14,7 @@ namespace vmmipc::transport {
 struct ChunkGrant {
   uint64_t address = 0;     // the chunk's base address in the exporter
   uint64_t size = 0;        // bytes
-  uint64_t generation = 0;  // the exporter's identity for the physical chunk
+  uint32_t generation = 0;  // the exporter's identity for the physical chunk
   ScopedFd fd;              // the shareable handle (CLOEXEC)
 };
 

@@ -21,7 +21,7 @@ struct ServeRequest {
   uint32_t peer_uid = 0;
   uint64_t address = 0;     // the exporter address the handle was made for
   uint64_t chunk_base = 0;  // base of the chunk holding `address`, as get saw it
-  uint64_t generation = 0;  // that chunk's generation as get saw it
+  uint32_t generation = 0;  // that chunk's generation as get saw it
   bool watch = false;       // the importer asks to keep the connection for events
   uint32_t follower = 0;    // the importer's follower id (follow), 0 if it does not follow
 };

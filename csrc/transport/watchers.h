@@ -55,7 +55,7 @@ struct WatchNotice {
   wire::EventKind kind = wire::EventKind::kPause;
   uint64_t base = 0;  // the chunk's base in this (the exporter's) process
   uint64_t size = 0;
-  uint64_t generation = 0;          // kPause: the one unmapped; kResume: the new one
+  uint32_t generation = 0;          // kPause: the one unmapped; kResume: the new one
   int fd = -1;                      // kResume: the new memory's exported fd (borrowed), sent along
   std::vector<uint32_t> followers;  // the follower ids it is for
 };
@@ -72,7 +72,7 @@ struct NotifyResult {
 
 // Makes the fd of the memory mapped now at `base` with `generation`, for a
 // catch-up resume; invalid when that mapping is gone or changed.
-using ResumeFdSource = std::function<ScopedFd(uint64_t base, uint64_t generation)>;
+using ResumeFdSource = std::function<ScopedFd(uint64_t base, uint32_t generation)>;
 
 class Watchers {
  public:

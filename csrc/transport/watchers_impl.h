@@ -35,10 +35,10 @@ struct Watchers::Watcher {
   // holds of the chunk after the last event sent to it, and what is there now.
   struct Missed {
     bool held_mapped = false;
-    uint64_t held_generation = 0;
+    uint32_t held_generation = 0;
     uint64_t held_size = 0;
     bool now_mapped = false;
-    uint64_t now_generation = 0;
+    uint32_t now_generation = 0;
     uint64_t now_size = 0;
     bool stale = false;  // its resume's memory changed again: wait for that notice
   };

@@ -276,7 +276,11 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
   std::vector<ReplyEntry> parsed(h.entry_count);
   for (size_t i = 0; i < parsed.size(); ++i) {
     const uint8_t* e = p + kReplyHeaderSize + i * kReplyEntrySize;
-    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), Get64(e + 16)};
+    // Generations are 32-bit (the handle's width); the wire keeps 64 bits
+    // for them, and a value past 32 is no generation an exporter made.
+    const uint64_t generation = Get64(e + 16);
+    if (generation > UINT32_MAX) return WireError::kBadLayout;
+    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), static_cast<uint32_t>(generation)};
     if (parsed[i].size == 0 || parsed[i].address + parsed[i].size < parsed[i].address) {
       return WireError::kBadLayout;  // empty, or wraps around the address space
     }
@@ -313,7 +317,9 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
   event.sequence = Get32(p + 8);
   event.base = Get64(p + 16);
   event.size = Get64(p + 24);
-  event.generation = Get64(p + 32);
+  const uint64_t generation = Get64(p + 32);  // 32-bit in 64 bits, as a reply entry's
+  if (generation > UINT32_MAX) return WireError::kBadLayout;
+  event.generation = static_cast<uint32_t>(generation);
   if (event.kind == EventKind::kUnfollowed) {
     if (event.base != 0 || event.size != 0 || event.generation != 0) return WireError::kBadLayout;
   } else if (event.size == 0 || event.base + event.size < event.base) {
@@ -321,6 +327,16 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
   }
   *out = event;
   return WireError::kOk;
+}
+
+void ResealReplyForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key) {
+  if (message.size() < kReplyHeaderSize) return;
+  Put64(message.data() + 24, ReplyMac(key, nonce, message));
+}
+
+void ResealEventForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key) {
+  if (message.size() != kEventSize) return;
+  Put64(message.data() + kEventSize - 8, RecordMac(key, kEventTag, nonce, message));
 }
 
 std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key) {

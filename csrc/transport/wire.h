@@ -133,7 +133,7 @@ struct ReplyHeader {
 struct ReplyEntry {
   uint64_t address = 0;
   uint64_t size = 0;
-  uint64_t generation = 0;
+  uint32_t generation = 0;  // 64 bits on the wire (docs/protocol.md), 32 in the handle
 };
 
 // Number of messages a reply of `total_chunks` chunks takes (1 for a refusal).
@@ -168,7 +168,7 @@ struct Event {
   uint32_t sequence = 0;
   uint64_t base = 0;        // the chunk's base in the exporter
   uint64_t size = 0;        // its size (for kResume: of the new memory)
-  uint64_t generation = 0;  // kPause: the generation unmapped; kResume: the new one
+  uint32_t generation = 0;  // kPause: the generation unmapped; kResume: the new one
 };
 
 enum class AckStatus : uint16_t {
@@ -186,6 +186,11 @@ std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& non
                                             const SipKey& key);
 WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                      Event* out);
+// For tests that edit a field of an encoded reply or event: its MAC made
+// again over the bytes as they are now.
+void ResealReplyForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key);
+void ResealEventForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key);
+
 std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key);
 WireError ParseAck(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                    Ack* out);

@@ -78,7 +78,7 @@ void WriteSeeds() {
   seed("refusal_bad_token", 0, wire::EncodeReply(kNonce, kKey, refusal, {}));
   std::vector<wire::ReplyEntry> entries;
   for (uint64_t i = 0; i < 3; ++i)
-    entries.push_back({0x7f0000200000ull + i * 0x200000, 0x200000, i + 1});
+    entries.push_back({0x7f0000200000ull + i * 0x200000, 0x200000, static_cast<uint32_t>(i + 1)});
   wire::ReplyHeader grant;
   grant.total_chunks = 3;
   grant.batch_count = 1;

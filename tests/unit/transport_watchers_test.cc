@@ -25,7 +25,7 @@ const SipKey kKey{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
 constexpr wire::Nonce kNonce = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 constexpr uint64_t kChunk = 0x200000;
 
-WatchNotice Notice(EventKind kind, uint64_t base, uint64_t generation, uint32_t follower) {
+WatchNotice Notice(EventKind kind, uint64_t base, uint32_t generation, uint32_t follower) {
   WatchNotice notice;
   notice.kind = kind;
   notice.base = base;

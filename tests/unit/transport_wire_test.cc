@@ -11,7 +11,7 @@
 namespace vmmipc::transport::wire {
 namespace {
 
-const SipKey kKey = DeriveKey(0x1122334455667788ULL, 4321);  // replies' key in these tests
+const SipKey kKey = DeriveKey(0x1122334455667788ULL, 4321);          // replies' key in these tests
 const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};  // the exporter's
 
 Request SampleRequest() {
@@ -36,7 +36,7 @@ Nonce SampleNonce() { return SampleRequest().nonce; }
 
 std::vector<ReplyEntry> Entries(size_t count, uint64_t base = 0x300000000000ULL) {
   std::vector<ReplyEntry> e(count);
-  for (size_t i = 0; i < count; ++i) e[i] = {base + i * 0x200000, 0x200000, 1000 + i};
+  for (size_t i = 0; i < count; ++i) e[i] = {base + i * 0x200000, 0x200000, static_cast<uint32_t>(1000 + i)};
   return e;
 }
 
@@ -419,6 +419,29 @@ TEST(TransportWire, EventAndAckMalformed) {
   Ack bad_status{1, static_cast<AckStatus>(9)};
   EXPECT_EQ(ParseAck(EncodeAck(bad_status, SampleNonce(), kKey), SampleNonce(), kKey, &ack),
             WireError::kBadLayout);
+}
+
+// Generations are 32-bit; the wire's 64-bit field above that is malformed,
+// even under a good MAC (resealed after the edit).
+TEST(TransportWire, AGenerationPast32BitsIsMalformed) {
+  auto reply = EncodeReply(SampleNonce(), kKey, Header(0, 2, 0, 1), Entries(2));
+  ReplyHeader h;
+  std::vector<ReplyEntry> out;
+  reply[kReplyHeaderSize + kReplyEntrySize + 16 + 4] = 1;  // entry 1's generation, bit 32
+  ResealReplyForTesting(reply, SampleNonce(), kKey);
+  EXPECT_EQ(ParseReply(reply, SampleNonce(), kKey, &h, &out), WireError::kBadLayout);
+  reply[kReplyHeaderSize + kReplyEntrySize + 16 + 4] = 0;
+  ResealReplyForTesting(reply, SampleNonce(), kKey);
+  EXPECT_EQ(ParseReply(reply, SampleNonce(), kKey, &h, &out), WireError::kOk);
+
+  auto event = EncodeEvent(SampleEvent(), SampleNonce(), kKey);
+  Event parsed;
+  event[32 + 7] = 0x80;  // the generation's top byte
+  ResealEventForTesting(event, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(event, SampleNonce(), kKey, &parsed), WireError::kBadLayout);
+  event[32 + 7] = 0;
+  ResealEventForTesting(event, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(event, SampleNonce(), kKey, &parsed), WireError::kOk);
 }
 
 }  // namespace

@@ -61,8 +61,7 @@ transport::ServeReply RefuseOffset(uint64_t chunk_base, uint64_t offset) {
 transport::ServeReply ServeTracked(ProcessState& state, const transport::ServeRequest& request,
                                    std::vector<state::VmmMapping> run) {
   const state::VmmMapping& first = run.front();
-  if (first.generation != static_cast<uint32_t>(request.generation) ||
-      request.generation > UINT32_MAX || request.address - first.base >= first.size)
+  if (first.generation != request.generation || request.address - first.base >= first.size)
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
@@ -114,7 +113,7 @@ transport::ServeReply ServeUntracked(const transport::ServeRequest& request) {
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("0x{:x} is no longer mapped VMM memory", request.address));
   if (chunk.info().base != request.chunk_base ||
-      chunk.info().generation != static_cast<uint32_t>(request.generation))
+      chunk.info().generation != request.generation)
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
@@ -215,7 +214,7 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   options.keep_watchers = params.follow;
   // A lagging follower's catch-up resume: the memory mapped at `base` now,
   // if it is still the generation the follower missed (on the listener's thread).
-  options.resume_fd = [](uint64_t base, uint64_t generation) {
+  options.resume_fd = [](uint64_t base, uint32_t generation) {
     ProcessState& state = State();
     UseExportContext(state.exporter);
     ScopedFd fd;
