@@ -118,7 +118,7 @@ FetchResult BatchFailure(FetchStatus status, const Batch& batch, const Fetch& fe
 // even our request.
 Ended Connect(Fetch& fetch) {
   std::string error;
-  if (!MakeSocketAddress(fetch.uid, fetch.request.exporter_pid, fetch.options.socket_dir,
+  if (!MakeSocketAddress(fetch.uid, fetch.request.handle.exporter_pid, fetch.options.socket_dir,
                          &fetch.address, &error)) {
     return Fail(FetchStatus::kNoExporter, error);
   }
@@ -128,7 +128,7 @@ Ended Connect(Fetch& fetch) {
       return Fail(
           FetchStatus::kNoExporter,
           fmt::format("nobody listens on {} (exporter pid {} exited?): {}", fetch.address.display,
-                      fetch.request.exporter_pid, ErrnoText(io.error)));
+                      fetch.request.handle.exporter_pid, ErrnoText(io.error)));
     }
     return IoFailure(io, "connecting", fetch);
   }
@@ -151,19 +151,13 @@ Ended SendRequest(Fetch& fetch) {
   wire::Request wire_request;
   wire_request.flags = fetch.options.watch ? wire::kRequestFlagWatch : 0;
   wire_request.follower = fetch.options.follower;
-  wire_request.exporter_pid = request.exporter_pid;
-  wire_request.address = request.address;
-  wire_request.chunk_base = request.chunk_base;
-  wire_request.chunk_size = request.chunk_size;
-  wire_request.region_base = request.region_base;
-  wire_request.generation = request.generation;
-  wire_request.rank_slot = request.rank_slot;
+  wire_request.handle = request.handle;
   // 128 bits that make this exchange's reply MACs its own: random from the
   // kernel, else (a seccomp policy refusing getrandom, no /dev/urandom) only
   // unique, which is what a nonce needs (docs/security.md).
   FillUnique(wire_request.nonce.data(), wire_request.nonce.size());
   fetch.nonce = wire_request.nonce;
-  fetch.key = wire::DeriveKey(request.capability, request.exporter_pid);
+  fetch.key = wire::DeriveKey(request.capability, request.handle.exporter_pid);
   const auto request_bytes = wire::EncodeRequest(wire_request, fetch.key);
   if (IoResult io = SendMessage(fetch.sock.get(), request_bytes, {}, fetch.deadline); !io.ok()) {
     return IoFailure(io, "sending the request", fetch);
@@ -224,7 +218,7 @@ FetchResult Unverified(const Fetch& fetch, const Batch& batch) {
         Fail(FetchStatus::kRefused,
              fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "
                          "the handle was edited or forged)",
-                         fetch.address.display, fetch.request.exporter_pid));
+                         fetch.address.display, fetch.request.handle.exporter_pid));
     result.refuse = RefuseReason::kBadToken;
     return result;
   }
@@ -246,7 +240,7 @@ Ended CheckBatch(const Fetch& fetch, const Batch& batch) {
     result.status = FetchStatus::kRefused;
     result.refuse = static_cast<RefuseReason>(header.status);
     result.verified = true;
-    result.detail = fmt::format("exporter pid {} refused: {}", fetch.request.exporter_pid,
+    result.detail = fmt::format("exporter pid {} refused: {}", fetch.request.handle.exporter_pid,
                                 RefuseReasonName(result.refuse));
     return result;
   }

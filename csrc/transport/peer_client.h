@@ -18,14 +18,8 @@ namespace vmmipc::transport {
 // Every field of the handle: the request repeats them, MAC'd under the
 // handle's capability, which the exporter recomputes from them.
 struct FetchRequest {
-  uint32_t exporter_pid = 0;
+  wire::HandleFields handle;
   uint64_t capability = 0;
-  uint64_t address = 0;
-  uint64_t chunk_base = 0;
-  uint64_t chunk_size = 0;
-  uint64_t region_base = 0;
-  uint32_t generation = 0;
-  uint16_t rank_slot = 0;
 };
 
 struct ClientOptions {

@@ -208,8 +208,8 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   // (a request of no known layout gets a key nobody holds).
   wire::Request claimed;
   const bool readable = wire::PeekRequestFields(bytes, &claimed);
-  const uint64_t address = readable ? claimed.address : 0;
-  const SipKey key = readable ? wire::KeyFor(context.secret, claimed.handle())
+  const uint64_t address = readable ? claimed.handle.address : 0;
+  const SipKey key = readable ? wire::KeyFor(context.secret, claimed.handle)
                               : wire::DeriveKey(0, preamble.exporter_pid);
   wire::Request request;
   std::string why;
@@ -226,9 +226,9 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->key = key;  // verified: the key of the handle the request named
   out->request.peer_pid = c.peer.pid;
   out->request.peer_uid = c.peer.uid;
-  out->request.address = request.address;
-  out->request.chunk_base = request.chunk_base;
-  out->request.generation = request.generation;
+  out->request.address = request.handle.address;
+  out->request.chunk_base = request.handle.chunk_base;
+  out->request.generation = request.handle.generation;
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   out->request.follower = request.follower;
   return ReadOutcome::kReady;

@@ -146,15 +146,15 @@ std::array<uint8_t, kRequestSize> EncodeRequest(const Request& request, const Si
   Put32(p + 0, kRequestMagic);
   Put16(p + 4, kVersion);
   Put16(p + 6, request.flags);
-  Put32(p + 8, request.exporter_pid);
+  Put32(p + 8, request.handle.exporter_pid);
   Put32(p + 12, request.follower);
   std::copy(request.nonce.begin(), request.nonce.end(), p + 16);
-  Put64(p + 32, request.address);
-  Put64(p + 40, request.chunk_base);
-  Put64(p + 48, request.chunk_size);
-  Put64(p + 56, request.region_base);
-  Put32(p + 64, request.generation);
-  Put16(p + 68, request.rank_slot);
+  Put64(p + 32, request.handle.address);
+  Put64(p + 40, request.handle.chunk_base);
+  Put64(p + 48, request.handle.chunk_size);
+  Put64(p + 56, request.handle.region_base);
+  Put32(p + 64, request.handle.generation);
+  Put16(p + 68, request.handle.rank_slot);
   Put16(p + 70, 0);  // reserved
   Put64(p + 72, RequestMac(key, out));
   return out;
@@ -177,15 +177,15 @@ bool PeekRequestFields(std::span<const uint8_t> message, Request* out) {
     return false;
   const uint8_t* p = message.data();
   out->flags = Get16(p + 6);
-  out->exporter_pid = preamble.exporter_pid;
+  out->handle.exporter_pid = preamble.exporter_pid;
   out->follower = Get32(p + 12);
   out->nonce = preamble.nonce;
-  out->address = Get64(p + 32);
-  out->chunk_base = Get64(p + 40);
-  out->chunk_size = Get64(p + 48);
-  out->region_base = Get64(p + 56);
-  out->generation = Get32(p + 64);
-  out->rank_slot = Get16(p + 68);
+  out->handle.address = Get64(p + 32);
+  out->handle.chunk_base = Get64(p + 40);
+  out->handle.chunk_size = Get64(p + 48);
+  out->handle.region_base = Get64(p + 56);
+  out->handle.generation = Get32(p + 64);
+  out->handle.rank_slot = Get16(p + 68);
   return true;
 }
 
@@ -207,7 +207,7 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
 WireError ParseRequest(std::span<const uint8_t> message, const SipKey& secret, Request* out) {
   Request claimed;
   if (WireError e = ReadRequestFields(message, &claimed); e != WireError::kOk) return e;
-  const SipKey key = KeyFor(secret, claimed.handle());
+  const SipKey key = KeyFor(secret, claimed.handle);
   if (!MacEqual(RequestMac(key, message), Get64(message.data() + 72))) return WireError::kBadMac;
   *out = claimed;
   return WireError::kOk;

@@ -42,7 +42,9 @@ inline constexpr size_t kMaxReplySize = kReplyHeaderSize + kMaxChunksPerBatch * 
 using Nonce = std::array<uint8_t, 16>;
 
 // What a handle names, repeated in every request for it (docs/security.md,
-// "What a handle grants").
+// "What a handle grants"): the one struct of these fields outside the handle's
+// codec, from the importer's open (FetchRequest) to the exporter's check of
+// the capability; core makes it from a decoded handle (core/handle_fields.h).
 struct HandleFields {
   uint32_t exporter_pid = 0;
   uint32_t generation = 0;
@@ -85,23 +87,13 @@ struct RequestPreamble {
 
 struct Request {
   uint16_t flags = 0;  // kRequestFlag*
-  uint32_t exporter_pid = 0;
   // Follow: the importer's follower id (random, never 0, one per importer
   // process), under which the exporter records the grant's holder and keeps
   // the watch connection; 0 from an importer that does not follow. Required
   // with kRequestFlagWatch.
   uint32_t follower = 0;
   Nonce nonce{};
-  uint64_t address = 0;
-  uint64_t chunk_base = 0;
-  uint64_t chunk_size = 0;
-  uint64_t region_base = 0;
-  uint32_t generation = 0;
-  uint16_t rank_slot = 0;
-
-  HandleFields handle() const {
-    return {exporter_pid, generation, rank_slot, address, chunk_base, chunk_size, region_base};
-  }
+  HandleFields handle;  // what the handle names, under whose capability the request is MAC'd
 };
 
 // MAC'd under `key`: DeriveKey(the handle's capability, exporter pid).

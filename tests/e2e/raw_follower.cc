@@ -65,8 +65,9 @@ class RawFollower {
       raw[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
     state::Vmm2Handle h;
     if (state::DecodeHandle(raw, &h) != state::DecodeStatus::kOk) return "err not a VMM2 handle";
-    const transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
-                                          h.chunk_size, h.region_base, h.generation, h.rank_slot};
+    const transport::FetchRequest request{
+        {h.pid, h.generation, h.rank_slot, h.address, h.chunk_base, h.chunk_size, h.region_base},
+        h.capability};
     const char* dir = std::getenv("VMMIPC_SOCKET_DIR");
     transport::FetchResult fetched = transport::FetchChunks(
         request, {dir != nullptr ? dir : "", TimeoutMs(), /*watch=*/true, follower});

@@ -34,15 +34,15 @@ const SipKey kSecret{0x5eed5eed12345678ull, 0x0123456789abcdefull};  // the fake
 // What the client asks for: the handle the fake exporter made.
 transport::FetchRequest TheRequest(uint32_t pid) {
   transport::FetchRequest request;
-  request.exporter_pid = pid;
-  request.address = 0x7f0000201000ull;
-  request.chunk_base = 0x7f0000200000ull;
-  request.chunk_size = 0x200000;
-  request.region_base = 0x7f0000000000ull;
-  request.generation = 1;
-  request.capability =
-      wire::Capability(kSecret, {pid, request.generation, request.rank_slot, request.address,
-                                 request.chunk_base, request.chunk_size, request.region_base});
+  request.handle.exporter_pid = pid;
+  request.handle.address = 0x7f0000201000ull;
+  request.handle.chunk_base = 0x7f0000200000ull;
+  request.handle.chunk_size = 0x200000;
+  request.handle.region_base = 0x7f0000000000ull;
+  request.handle.generation = 1;
+  request.capability = wire::Capability(
+      kSecret, {pid, request.handle.generation, request.handle.rank_slot, request.handle.address,
+                request.handle.chunk_base, request.handle.chunk_size, request.handle.region_base});
   return request;
 }
 constexpr size_t kMaxMessages = 12;

@@ -43,7 +43,7 @@ constexpr uint32_t kPid = 4242;
 // nobody holds (serve_connection.cc).
 SipKey AnswerKey(std::span<const uint8_t> request, uint32_t pid) {
   wire::Request claimed;
-  return wire::PeekRequestFields(request, &claimed) ? wire::KeyFor(kSecret, claimed.handle())
+  return wire::PeekRequestFields(request, &claimed) ? wire::KeyFor(kSecret, claimed.handle)
                                                     : wire::DeriveKey(0, pid);
 }
 
@@ -268,12 +268,12 @@ std::vector<uint8_t> Seed(uint8_t ctl, uint8_t mode, uint16_t count, uint64_t si
 
 void WriteSeeds() {
   wire::Request r;
-  r.exporter_pid = kPid;
+  r.handle.exporter_pid = kPid;
   for (size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<uint8_t>(i * 3);
-  r.address = 0x7f0000201000ull;
-  r.chunk_base = 0x7f0000200000ull;
-  r.generation = 1;
-  const auto request = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle()));
+  r.handle.address = 0x7f0000201000ull;
+  r.handle.chunk_base = 0x7f0000200000ull;
+  r.handle.generation = 1;
+  const auto request = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle));
   WriteSeed("grant_3", Seed(0, 0, 3, 0x200000, request));
   WriteSeed("grant_300_two_batches", Seed(0, 0, 300, 0x200000, request));
   WriteSeed("grant_overlapping_refused", Seed(0, 0, 3, 0x400000, request));

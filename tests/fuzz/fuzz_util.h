@@ -87,7 +87,7 @@ inline void QuietLogs() {
 inline void FixRequestMac(std::span<uint8_t> message, const transport::SipKey& secret) {
   transport::wire::Request claimed;
   if (!transport::wire::PeekRequestFields(message, &claimed)) return;
-  const transport::SipKey key = transport::wire::KeyFor(secret, claimed.handle());
+  const transport::SipKey key = transport::wire::KeyFor(secret, claimed.handle);
   static constexpr uint8_t kTag[4] = {'r', 'e', 'q', 0};
   constexpr size_t kMacAt = transport::wire::kRequestSize - 8;
   transport::SipHasher h(key);

@@ -23,7 +23,7 @@ void CheckOne(const std::vector<uint8_t>& message) {
   wire::RequestPreamble preamble;
   const wire::WireError pe = wire::ParseRequestPreamble(message, &preamble);
   wire::Request request;
-  request.exporter_pid = 0xdeadbeef;
+  request.handle.exporter_pid = 0xdeadbeef;
   const wire::WireError e = wire::ParseRequest(message, kSecret, &request);
   FUZZ_CHECK(wire::WireErrorName(e) != nullptr);
   if (pe != wire::WireError::kOk) {
@@ -35,13 +35,14 @@ void CheckOne(const std::vector<uint8_t>& message) {
   FUZZ_CHECK(message.size() >= wire::kRequestPreambleSize);
   FUZZ_CHECK(std::memcmp(preamble.nonce.data(), message.data() + 16, 16) == 0);
   if (e != wire::WireError::kOk) {
-    FUZZ_CHECK(request.exporter_pid == 0xdeadbeef);  // untouched on failure
+    FUZZ_CHECK(request.handle.exporter_pid == 0xdeadbeef);  // untouched on failure
     return;
   }
   FUZZ_CHECK(message.size() == wire::kRequestSize);
   FUZZ_CHECK(preamble.version == wire::kVersion);
-  FUZZ_CHECK(request.exporter_pid == preamble.exporter_pid && request.nonce == preamble.nonce);
-  const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
+  FUZZ_CHECK(request.handle.exporter_pid == preamble.exporter_pid &&
+             request.nonce == preamble.nonce);
+  const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
   FUZZ_CHECK(std::memcmp(again.data(), message.data(), wire::kRequestSize) == 0);
   wire::Request other;
   FUZZ_CHECK(wire::ParseRequest(message, kOtherSecret, &other) == wire::WireError::kBadMac);
@@ -53,15 +54,15 @@ void CheckOne(const std::vector<uint8_t>& message) {
 
 void WriteSeeds() {
   wire::Request r;
-  r.exporter_pid = 4242;
+  r.handle.exporter_pid = 4242;
   for (size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<uint8_t>(0xa0 + i);
-  r.address = 0x7f0000201000ull;
-  r.chunk_base = 0x7f0000200000ull;
-  r.chunk_size = 0x200000;
-  r.region_base = 0x7f0000000000ull;
-  r.generation = 3;
-  r.rank_slot = 2;
-  const auto valid = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle()));
+  r.handle.address = 0x7f0000201000ull;
+  r.handle.chunk_base = 0x7f0000200000ull;
+  r.handle.chunk_size = 0x200000;
+  r.handle.region_base = 0x7f0000000000ull;
+  r.handle.generation = 3;
+  r.handle.rank_slot = 2;
+  const auto valid = wire::EncodeRequest(r, wire::KeyFor(kSecret, r.handle));
   auto seed = [](const char* name, uint8_t mode, std::span<const uint8_t> bytes) {
     Writer w;
     w.U8(mode);
@@ -79,7 +80,7 @@ void WriteSeeds() {
   flags[6] = 1;
   seed("nonzero_flags_fix_mac", 1, flags);
   seed("preamble_only", 0, std::span<const uint8_t>(valid.data(), 32));
-  seed("other_secret", 0, wire::EncodeRequest(r, wire::KeyFor(kOtherSecret, r.handle())));
+  seed("other_secret", 0, wire::EncodeRequest(r, wire::KeyFor(kOtherSecret, r.handle)));
   auto old = valid;
   old[4] = 1;  // version 1, as 64 bytes
   seed("version_1", 0, std::span<const uint8_t>(old.data(), 64));

@@ -89,27 +89,22 @@ inline ListenerOptions Options(uint32_t pid, int timeout_ms = 200, std::string d
   return o;
 }
 
-inline wire::HandleFields FieldsOf(const FetchRequest& r) {
-  return {r.exporter_pid, r.generation, r.rank_slot,  r.address,
-          r.chunk_base,   r.chunk_size, r.region_base};
-}
-
 // A request for the handle the exporter made for kBase + 16 (capability 0:
 // the genuine one, as the exporter computes it).
 inline FetchRequest Request(uint32_t pid, uint64_t capability = 0) {
   FetchRequest r;
-  r.exporter_pid = pid;
-  r.address = kBase + 16;
-  r.chunk_base = kBase;
-  r.chunk_size = kChunk;
-  r.region_base = kBase;
-  r.generation = 7;
-  r.capability = capability != 0 ? capability : wire::Capability(kSecret, FieldsOf(r));
+  r.handle.exporter_pid = pid;
+  r.handle.address = kBase + 16;
+  r.handle.chunk_base = kBase;
+  r.handle.chunk_size = kChunk;
+  r.handle.region_base = kBase;
+  r.handle.generation = 7;
+  r.capability = capability != 0 ? capability : wire::Capability(kSecret, r.handle);
   return r;
 }
 
 // The key of the records about Request(pid)'s handle.
-inline SipKey GenuineKey(uint32_t pid) { return wire::KeyFor(kSecret, FieldsOf(Request(pid))); }
+inline SipKey GenuineKey(uint32_t pid) { return wire::KeyFor(kSecret, Request(pid).handle); }
 
 inline ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
   ClientOptions c;

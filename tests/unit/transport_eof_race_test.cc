@@ -165,15 +165,13 @@ TEST(TransportEofRace, FetchGetsTheAnswerOfAnExporterThatClosedRightAfterIt) {
       &error);
   ASSERT_NE(listener, nullptr) << error;
   FetchRequest request;
-  request.exporter_pid = pid;
-  request.address = kBase + 16;
-  request.chunk_base = kBase;
-  request.chunk_size = 4096;
-  request.region_base = kBase;
-  request.generation = 7;
-  request.capability = wire::Capability(
-      secret, {request.exporter_pid, request.generation, request.rank_slot, request.address,
-               request.chunk_base, request.chunk_size, request.region_base});
+  request.handle.exporter_pid = pid;
+  request.handle.address = kBase + 16;
+  request.handle.chunk_base = kBase;
+  request.handle.chunk_size = 4096;
+  request.handle.region_base = kBase;
+  request.handle.generation = 7;
+  request.capability = wire::Capability(secret, request.handle);
   const int races = g_races;
   t_race_next = true;     // the importer's first recvmsg: its look at the reply
   t_peer_acts = nullptr;  // the listener answers and closes on its own thread

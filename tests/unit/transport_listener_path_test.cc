@@ -86,9 +86,7 @@ class TransportListenerPath : public ::testing::Test {
     o.timeout_ms = 200;
     return o;
   }
-  std::string PathOf(uint32_t pid) {
-    return dir_ + "/" + SocketBaseName(geteuid(), pid) + ".sock";
-  }
+  std::string PathOf(uint32_t pid) { return dir_ + "/" + SocketBaseName(geteuid(), pid) + ".sock"; }
   int VictimMode() {
     struct stat st {};
     EXPECT_EQ(::lstat(victim_.c_str(), &st), 0);
@@ -114,10 +112,10 @@ TEST_F(TransportListenerPath, SocketFileIsOwnerOnlyFromBirth) {
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   // The owner can still connect: the listener answers (here, a refusal).
   FetchRequest request;
-  request.exporter_pid = pid;
-  request.address = request.chunk_base = 0x7f1200000000ULL;
+  request.handle.exporter_pid = pid;
+  request.handle.address = request.handle.chunk_base = 0x7f1200000000ULL;
   request.capability = wire::Capability(
-      kSecret, {pid, 0, 0, request.address, request.chunk_base, 0, 0});
+      kSecret, {pid, 0, 0, request.handle.address, request.handle.chunk_base, 0, 0});
   FetchResult result = FetchChunks(request, ClientOptions{dir_, 1000});
   EXPECT_EQ(result.status, FetchStatus::kRefused) << result.detail;
 }

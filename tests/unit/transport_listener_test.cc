@@ -100,19 +100,19 @@ int RawExchange(const SocketAddress& address, uint32_t pid,
   ScopedFd sock;
   if (!ConnectSeqpacket(address, Deadline::AfterMs(1000), &sock).ok()) return -3;
   wire::Request request;
-  request.exporter_pid = pid;
+  request.handle.exporter_pid = pid;
   request.nonce.fill(0x5a);
-  request.address = kBase;
-  request.chunk_base = kBase;
-  request.chunk_size = kChunk;
-  request.region_base = kBase;
-  request.generation = 7;
-  SipKey key = wire::KeyFor(kSecret, request.handle());
+  request.handle.address = kBase;
+  request.handle.chunk_base = kBase;
+  request.handle.chunk_size = kChunk;
+  request.handle.region_base = kBase;
+  request.handle.generation = 7;
+  SipKey key = wire::KeyFor(kSecret, request.handle);
   const auto encoded = wire::EncodeRequest(request, key);
   std::vector<uint8_t> bytes(encoded.begin(), encoded.end());
   if (mutate) mutate(&bytes);
   if (wire::Request claimed; wire::PeekRequestFields(bytes, &claimed))
-    key = wire::KeyFor(kSecret, claimed.handle());
+    key = wire::KeyFor(kSecret, claimed.handle);
   if (!SendMessage(sock.get(), bytes, fds, Deadline::AfterMs(1000)).ok()) return -4;
   std::vector<uint8_t> buffer(wire::kMaxReplySize);
   ReceivedMessage m;
@@ -552,7 +552,7 @@ TEST_F(TransportListener, MalformedRequestsAreRefusedAsBadRequest) {
                             [offset](auto* b) {
                               wire::Request genuine;
                               ASSERT_TRUE(wire::PeekRequestFields(*b, &genuine));
-                              const SipKey key = wire::KeyFor(kSecret, genuine.handle());
+                              const SipKey key = wire::KeyFor(kSecret, genuine.handle);
                               (*b)[offset] ^= 1;
                               wire::Request edited;
                               ASSERT_TRUE(wire::PeekRequestFields(*b, &edited));
@@ -925,13 +925,13 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
     ScopedFd reader_that_never_reads;
     ASSERT_TRUE(ConnectSeqpacket(address, Deadline::AfterMs(1000), &reader_that_never_reads).ok());
     wire::Request request;
-    request.exporter_pid = pid;
-    request.address = kBase + 32;
-    request.chunk_base = kBase;
-    request.generation = 7;
-    request.chunk_size = kChunk;
-    request.region_base = kBase;
-    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
+    request.handle.exporter_pid = pid;
+    request.handle.address = kBase + 32;
+    request.handle.chunk_base = kBase;
+    request.handle.generation = 7;
+    request.handle.chunk_size = kChunk;
+    request.handle.region_base = kBase;
+    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
     ASSERT_TRUE(
         SendMessage(reader_that_never_reads.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
     usleep(50000);

@@ -61,14 +61,13 @@ constexpr int kFdBudget = 96;
 
 FetchRequest Request(uint32_t pid) {
   FetchRequest r;
-  r.exporter_pid = pid;
-  r.address = kBase;
-  r.chunk_base = kBase;
-  r.chunk_size = kChunk;
-  r.region_base = kBase;
-  r.generation = 7;
-  r.capability = wire::Capability(kSecret, {r.exporter_pid, r.generation, r.rank_slot, r.address,
-                                            r.chunk_base, r.chunk_size, r.region_base});
+  r.handle.exporter_pid = pid;
+  r.handle.address = kBase;
+  r.handle.chunk_base = kBase;
+  r.handle.chunk_size = kChunk;
+  r.handle.region_base = kBase;
+  r.handle.generation = 7;
+  r.capability = wire::Capability(kSecret, r.handle);
   return r;
 }
 

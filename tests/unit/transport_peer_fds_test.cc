@@ -96,11 +96,12 @@ TEST(PeerFds, AGenuineGrantOfALingeringSocketFailsTheOpenAtOnce) {
   ScopedFd lingering = testing::LingeringSocket(30, &keep_listener, &keep_server);
   std::thread exporter([&] { GrantOnce(address, &listening, lingering.get(), capability); });
   FetchRequest request;
-  request.exporter_pid = pid;
+  request.handle.exporter_pid = pid;
   request.capability = capability;
-  request.address = request.chunk_base = request.region_base = 0x7f1200000000ULL;
-  request.chunk_size = 4096;
-  request.generation = 7;
+  request.handle.address = request.handle.chunk_base = request.handle.region_base =
+      0x7f1200000000ULL;
+  request.handle.chunk_size = 4096;
+  request.handle.generation = 7;
   ClientOptions client;
   client.timeout_ms = 2000;
   const auto start = std::chrono::steady_clock::now();

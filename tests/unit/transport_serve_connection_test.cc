@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "common/log.h"
-#include "transport/fd_channel.h"
 #include "lingering_socket.h"
+#include "transport/fd_channel.h"
 #include "transport/fd_reaper.h"
 #include "transport/serve_connection.h"
 #include "transport/wire.h"
@@ -91,8 +91,8 @@ TEST_F(TransportServeConnection, SilentPeerOfOurUidMayTakeTheWholeTimeout) {
 TEST_F(TransportServeConnection, QueuedRequestOfAnotherUidStillGetsTheWrongUserRefusal) {
   Pair p;
   wire::Request request;
-  request.exporter_pid = kPid;
-  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
+  request.handle.exporter_pid = kPid;
+  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
   ASSERT_TRUE(SendMessage(p.client.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
   int calls = 0;
   ServeMs(std::move(p.server), geteuid() + 1, 5000, &calls);
@@ -105,8 +105,8 @@ using testing::LingeringSocket;
 // A request of pid kPid, with a valid MAC, carrying `fd`.
 void SendRequestWithFd(int sock, int fd) {
   wire::Request request;
-  request.exporter_pid = kPid;
-  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
+  request.handle.exporter_pid = kPid;
+  const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
   const int fds[] = {fd};
   ASSERT_TRUE(SendMessage(sock, bytes, fds, Deadline::AfterMs(1000)).ok());
 }
@@ -156,8 +156,8 @@ TEST_F(TransportServeConnection, APeersFdOfTheHostsLockFileLeavesTheHostsLockInP
   if (peer == 0) {
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     wire::Request request;
-    request.exporter_pid = kPid;
-    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle()));
+    request.handle.exporter_pid = kPid;
+    const auto bytes = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
     const int fds[] = {fd};
     _exit(fd >= 0 && SendMessage(p.client.get(), bytes, fds, Deadline::AfterMs(1000)).ok() ? 0 : 1);
   }

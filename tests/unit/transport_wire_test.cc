@@ -16,27 +16,28 @@ const SipKey kSecret{0x5eed5eed12345678ULL, 0x0123456789abcdefULL};  // the expo
 
 Request SampleRequest() {
   Request r;
-  r.exporter_pid = 4321;
+  r.handle.exporter_pid = 4321;
   for (size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<uint8_t>(0xa0 + i);
-  r.address = 0x7f0000201000ULL;
-  r.chunk_base = 0x7f0000200000ULL;
-  r.chunk_size = 0x200000;
-  r.region_base = 0x7f0000000000ULL;
-  r.generation = 77;
-  r.rank_slot = 3;
+  r.handle.address = 0x7f0000201000ULL;
+  r.handle.chunk_base = 0x7f0000200000ULL;
+  r.handle.chunk_size = 0x200000;
+  r.handle.region_base = 0x7f0000000000ULL;
+  r.handle.generation = 77;
+  r.handle.rank_slot = 3;
   return r;
 }
 
 // A request as a holder of its handle MACs it.
 std::array<uint8_t, kRequestSize> Encoded(const Request& r) {
-  return EncodeRequest(r, KeyFor(kSecret, r.handle()));
+  return EncodeRequest(r, KeyFor(kSecret, r.handle));
 }
 
 Nonce SampleNonce() { return SampleRequest().nonce; }
 
 std::vector<ReplyEntry> Entries(size_t count, uint64_t base = 0x300000000000ULL) {
   std::vector<ReplyEntry> e(count);
-  for (size_t i = 0; i < count; ++i) e[i] = {base + i * 0x200000, 0x200000, static_cast<uint32_t>(1000 + i)};
+  for (size_t i = 0; i < count; ++i)
+    e[i] = {base + i * 0x200000, 0x200000, static_cast<uint32_t>(1000 + i)};
   return e;
 }
 
@@ -54,14 +55,14 @@ TEST(TransportWire, RequestRoundTrip) {
   const auto bytes = Encoded(in);
   Request out;
   ASSERT_EQ(ParseRequest(bytes, kSecret, &out), WireError::kOk);
-  EXPECT_EQ(out.exporter_pid, in.exporter_pid);
+  EXPECT_EQ(out.handle.exporter_pid, in.handle.exporter_pid);
   EXPECT_EQ(out.nonce, in.nonce);
-  EXPECT_EQ(out.address, in.address);
-  EXPECT_EQ(out.chunk_base, in.chunk_base);
-  EXPECT_EQ(out.chunk_size, in.chunk_size);
-  EXPECT_EQ(out.region_base, in.region_base);
-  EXPECT_EQ(out.generation, in.generation);
-  EXPECT_EQ(out.rank_slot, in.rank_slot);
+  EXPECT_EQ(out.handle.address, in.handle.address);
+  EXPECT_EQ(out.handle.chunk_base, in.handle.chunk_base);
+  EXPECT_EQ(out.handle.chunk_size, in.handle.chunk_size);
+  EXPECT_EQ(out.handle.region_base, in.handle.region_base);
+  EXPECT_EQ(out.handle.generation, in.handle.generation);
+  EXPECT_EQ(out.handle.rank_slot, in.handle.rank_slot);
 }
 
 TEST(TransportWire, RequestLayoutIsFixedLittleEndian) {
@@ -109,22 +110,22 @@ TEST(TransportWire, RequestOfAnotherSecretOrFieldsIsBadMac) {
   EXPECT_EQ(ParseRequest(Encoded(in), SipKey{kSecret.k0, kSecret.k1 + 1}, &out),
             WireError::kBadMac);
   // A handle edited in any field, MAC'd with the original handle's key.
-  const SipKey genuine = KeyFor(kSecret, in.handle());
+  const SipKey genuine = KeyFor(kSecret, in.handle);
   std::vector<Request> edits(7, in);
-  edits[0].address += 0x1000;
-  edits[1].chunk_base += 0x200000;
-  edits[2].chunk_size *= 2;
-  edits[3].region_base -= 0x200000;
-  edits[4].generation += 1;
-  edits[5].rank_slot = 1;
-  edits[6].exporter_pid += 1;
+  edits[0].handle.address += 0x1000;
+  edits[1].handle.chunk_base += 0x200000;
+  edits[2].handle.chunk_size *= 2;
+  edits[3].handle.region_base -= 0x200000;
+  edits[4].handle.generation += 1;
+  edits[5].handle.rank_slot = 1;
+  edits[6].handle.exporter_pid += 1;
   for (size_t i = 0; i < edits.size(); ++i)
     EXPECT_EQ(ParseRequest(EncodeRequest(edits[i], genuine), kSecret, &out), WireError::kBadMac)
         << "edit " << i;
 }
 
 TEST(TransportWire, CapabilityCoversEveryFieldAndIsNeverZero) {
-  const HandleFields base = SampleRequest().handle();
+  const HandleFields base = SampleRequest().handle;
   const uint64_t cap = Capability(kSecret, base);
   EXPECT_NE(cap, 0u);
   EXPECT_EQ(Capability(kSecret, base), cap);
@@ -174,7 +175,7 @@ TEST(TransportWire, RequestMalformed) {
   // What such requests claim stays readable, for the key of the refusal.
   Request claimed;
   ASSERT_TRUE(PeekRequestFields(reserved_tail, &claimed));
-  EXPECT_EQ(claimed.address, SampleRequest().address);
+  EXPECT_EQ(claimed.handle.address, SampleRequest().handle.address);
   EXPECT_TRUE(PeekRequestFields(longer, &claimed));
   EXPECT_FALSE(PeekRequestFields(std::span<const uint8_t>(good.data(), 79), &claimed));
 }

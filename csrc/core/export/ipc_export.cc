@@ -18,6 +18,7 @@
 #include "core/export/fd_cache_limit.h"
 #include "core/export/rank_slot.h"
 #include "core/export/vmm_memory.h"
+#include "core/handle_fields.h"
 #include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
@@ -112,8 +113,7 @@ transport::ServeReply ServeUntracked(const transport::ServeRequest& request) {
   if (chunk.Retain(request.address) != CUDA_SUCCESS)
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("0x{:x} is no longer mapped VMM memory", request.address));
-  if (chunk.info().base != request.chunk_base ||
-      chunk.info().generation != request.generation)
+  if (chunk.info().base != request.chunk_base || chunk.info().generation != request.generation)
     return Refuse(transport::RefuseReason::kFreed,
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
                               "made (generation {} now, {} in the handle)",
@@ -303,9 +303,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   handle.region_base = region_base;
   // The handle grants what it names, nothing else (docs/security.md): the
   // listener serves a request only under this MAC of exactly these fields.
-  handle.capability = transport::wire::Capability(
-      state.secret, {handle.pid, handle.generation, handle.rank_slot, handle.address,
-                     handle.chunk_base, handle.chunk_size, handle.region_base});
+  handle.capability = transport::wire::Capability(state.secret, FieldsOf(handle));
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
   if (!chunk.export_cached && chunk.posix_fd_exportable)

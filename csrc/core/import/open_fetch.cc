@@ -1,6 +1,7 @@
 // The open's fetch step: the run from its exporter, what a failed fetch or
 // a refusal returns, and the check that the answer is the handle's run.
 #include "config/params.h"
+#include "core/handle_fields.h"
 #include "core/import/followed_open.h"
 #include "core/import/opening.h"
 #include "core/real.h"
@@ -87,8 +88,7 @@ CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
   const state::Vmm2Handle& h = open->handle;
   const auto fetch_start = SteadyClock::now();
   const config::Params& params = config::Get();
-  const transport::FetchRequest request{h.pid,        h.capability,  h.address,    h.chunk_base,
-                                        h.chunk_size, h.region_base, h.generation, h.rank_slot};
+  const transport::FetchRequest request{FieldsOf(h), h.capability};
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
   open->fetched =
