@@ -649,6 +649,14 @@ TEST_F(TransportListenerFs, FilesystemSocketServesAndIsRemoved) {
 // stop (the library never stops its listener): by exit() in the process that
 // bound it, never by the exit of a forked child, which leaves its parent's.
 TEST_F(TransportListenerFs, FilesystemSocketIsRemovedAtExitButNotByAForkedChildsExit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's ASan has no fork handler for its allocator: a child forked while
+  // a listener thread holds one of its locks hangs in exit(), in LeakSanitizer's
+  // check (seen: 3 of 30 runs under load, stack in LockAllocator). This test
+  // must fork a process whose listener runs and let the child exit() for real,
+  // so it runs in the plain and TSan builds only.
+  GTEST_SKIP() << "ASan: a child forked beside running threads can hang in exit (LSan's lock)";
+#endif
   const uint32_t exiting = FakePid();
   EXPECT_EQ(InChild([&] {
               std::string error;
