@@ -10,7 +10,7 @@
 namespace vmmipc::state {
 namespace {
 
-// Offsets of docs/blob-format.md (version 2). Magic, version and the CRC's
+// Offsets of docs/blob-format.md (versions 2 and 3). Magic, version and the CRC's
 // place are fixed for every version; the rest may change with the version.
 constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffFlags = 5, kOffRank = 6, kOffPid = 8,
                  kOffGeneration = 12, kOffCapability = 16, kOffAddress = 24, kOffChunkSize = 32,
@@ -64,7 +64,9 @@ void EncodeHandle(const Vmm2Handle& h, unsigned char out[kHandleSize]) {
 DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* h) {
   if (Get<uint32_t>(in, kOffMagic) != kHandleMagic) return DecodeStatus::kNotVmm2;
   if (Get<uint32_t>(in, kOffCrc) != Crc32c(in, kOffCrc)) return DecodeStatus::kBadChecksum;
-  if (Get<uint8_t>(in, kOffVersion) != kHandleVersion) return DecodeStatus::kUnknownVersion;
+  const uint8_t version = Get<uint8_t>(in, kOffVersion);
+  if (version < kOldestHandleVersion || version > kHandleVersion)
+    return DecodeStatus::kUnknownVersion;
   Vmm2Handle out;
   out.version = Get<uint8_t>(in, kOffVersion);
   out.flags = Get<uint8_t>(in, kOffFlags);

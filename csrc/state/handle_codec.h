@@ -10,21 +10,25 @@ namespace vmmipc::state {
 
 inline constexpr size_t kHandleSize = 64;
 inline constexpr uint32_t kHandleMagic = 0x324D4D56u;  // bytes "VMM2" little-endian
-inline constexpr uint8_t kHandleVersion = 2;
+// Version 3 (what this build writes) has version 2's layout; the instance
+// names the exporter's socket instead of the pid. Version 2 handles, of an
+// older vmmipc, are still read (their exporters listen under their pid).
+inline constexpr uint8_t kHandleVersion = 3;
+inline constexpr uint8_t kOldestHandleVersion = 2;
 inline constexpr uint16_t kUnranked = 0xFFFF;
 
 struct Vmm2Handle {
   uint8_t version = kHandleVersion;
-  uint8_t flags = 0;  // reserved for future use; version 2 writes 0
+  uint8_t flags = 0;  // reserved for future use; versions 2 and 3 write 0
   uint16_t rank_slot = kUnranked;
-  uint32_t pid = 0;          // exporter pid, as the exporter sees it (names its socket)
+  uint32_t pid = 0;          // exporter pid, as the exporter sees it (names a version 2 socket)
   uint32_t generation = 0;   // identity of the physical chunk holding `address`
   uint64_t capability = 0;   // the exporter's MAC over every other field (never 0)
   uint64_t address = 0;      // the exporter address given to cuIpcGetMemHandle
   uint64_t chunk_size = 0;   // size of the chunk (one mapping) holding `address`
   uint64_t chunk_base = 0;   // base of that chunk in the exporter
   uint64_t region_base = 0;  // base of the exporter's region (reservation or arena)
-  uint32_t instance = 0;     // the exporter process's public random id (never 0)
+  uint32_t instance = 0;     // the exporter process's public random id (never 0; names its socket)
 
   bool operator==(const Vmm2Handle&) const = default;
 };

@@ -27,25 +27,19 @@ std::string NetworkNamespace() {
   return got > 0 ? std::string(link, static_cast<size_t>(got)) : "unknown";
 }
 
-// The largest pid of this system (pid_max - 1), whose socket path is the longest.
-uint32_t LargestPid() {
-  constexpr uint32_t kPidMaxLimit = 4194304;  // the kernel's bound on 64-bit systems
-  ScopedFd fd(open("/proc/sys/kernel/pid_max", O_RDONLY | O_CLOEXEC));
-  char text[16] = {};
-  if (!fd.valid() || read(fd.get(), text, sizeof(text) - 1) <= 0) return kPidMaxLimit - 1;
-  const long pid_max = std::strtol(text, nullptr, 10);
-  return pid_max > 1 && pid_max <= kPidMaxLimit ? static_cast<uint32_t>(pid_max - 1)
-                                                : kPidMaxLimit - 1;
-}
-
-// The display of an address with its pid written as "<pid>".
-std::string Pattern(const std::string& display, uint32_t pid) {
+// The display of an address with its instance written as "<instance>".
+std::string Pattern(const std::string& display, uint32_t instance) {
   std::string pattern = display;
-  const std::string digits = "." + std::to_string(pid);
+  const std::string digits = fmt::format(".i{:08x}", instance);
   const size_t at = pattern.rfind(digits);
-  if (at != std::string::npos) pattern.replace(at, digits.size(), ".<pid>");
+  if (at != std::string::npos) pattern.replace(at, digits.size(), ".i<instance>");
   return pattern;
 }
+
+// Every exporter's name has the same length (8 hex digits of its instance),
+// so one name stands for all of them; its own pid's bits make it one no
+// exporter is likely to hold while this tool binds it.
+uint32_t SampleInstance() { return 0x80000000u | static_cast<uint32_t>(getpid()); }
 
 // CheckSocketDir's error without its "socket directory '<dir>' " lead.
 std::string Reason(const std::string& error, const std::string& dir) {
@@ -56,14 +50,14 @@ std::string Reason(const std::string& error, const std::string& dir) {
 void JudgeAbstract(SocketVerdict* verdict) {
   transport::SocketAddress address;
   std::string error;
-  const uint32_t pid = static_cast<uint32_t>(getpid());
-  if (!transport::NameSocketAddress(verdict->uid, pid, "", &address, &error)) {
+  const uint32_t instance = SampleInstance();
+  if (!transport::NameSocketAddress(verdict->uid, transport::SocketOwner::Instance(instance), "",
+                                    &address, &error)) {
     verdict->problem = "bind_failed";
     verdict->why = error;
     return;
   }
-  verdict->pattern = Pattern(address.display, pid);
-  // This process's own name: no other process uses it while this one lives.
+  verdict->pattern = Pattern(address.display, instance);
   ScopedFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid() || ::bind(sock.get(), address.get(), address.length) != 0) {
     verdict->problem = "bind_failed";
@@ -89,18 +83,22 @@ void JudgeDirectory(SocketVerdict* verdict) {
     verdict->why = fmt::format("is not writable by uid {}: {}", verdict->uid, ErrnoText(errno));
     return;
   }
-  // The longest path is the largest pid's: when it fits, every pid's does.
-  const uint32_t largest = LargestPid();
+  // Every exporter's path has the same length: when one fits, all do.
+  const uint32_t instance = SampleInstance();
   transport::SocketAddress address;
-  if (!transport::NameSocketAddress(verdict->uid, largest, dir, &address, &error)) {
+  if (!transport::NameSocketAddress(verdict->uid, transport::SocketOwner::Instance(instance), dir,
+                                    &address, &error)) {
     verdict->problem = "too_long";
     verdict->why = error;
-    if (transport::NameSocketAddress(verdict->uid, 1, dir, &address, nullptr))
-      verdict->pattern = Pattern(address.path, 1);
+    verdict->pattern = Pattern(
+        dir + "/" +
+            transport::SocketBaseName(verdict->uid, transport::SocketOwner::Instance(instance)) +
+            ".sock",
+        instance);
     return;
   }
   verdict->longest_path = address.path.size();
-  verdict->pattern = Pattern(address.path, largest);
+  verdict->pattern = Pattern(address.path, instance);
   verdict->usable = true;
 }
 

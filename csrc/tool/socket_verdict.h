@@ -1,7 +1,7 @@
 // Whether the sockets vmmipc would use in this environment can be used, as
 // the library decides (transport/socket_address.h): an abstract name in the
 // network namespace, or a file in VMMIPC_SOCKET_DIR, which must be private to
-// the user, writable, and short enough for every pid's socket path.
+// the user, writable, and short enough for every exporter's socket path.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +13,7 @@ namespace vmmipc::tool {
 struct SocketVerdict {
   bool abstract = true;
   std::string dir;                // VMMIPC_SOCKET_DIR; empty for abstract names
-  std::string pattern;            // "@vmmipc.<uid>.<pid>" or "<dir>/vmmipc.<uid>.<pid>.sock"
+  std::string pattern;            // "@vmmipc.<uid>.i<instance>" or "<dir>/vmmipc.<uid>.i<instance>.sock"
   std::string network_namespace;  // "net:[4026531840]", or "unknown"
   uint32_t uid = 0;
   bool usable = false;
@@ -21,7 +21,7 @@ struct SocketVerdict {
   // not_writable, too_long (directories), bind_failed (abstract names).
   std::string problem;
   std::string why;          // the reason, as the library words it, the directory's name left out
-  size_t longest_path = 0;  // usable directory: bytes of the longest path (the largest pid's)
+  size_t longest_path = 0;  // usable directory: bytes of the longest path (every exporter's is as long)
   size_t path_limit = 0;    // the bytes a socket path may have
 };
 

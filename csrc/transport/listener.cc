@@ -105,7 +105,9 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
       *error = "listener: no handler";
       return nullptr;
     }
-    if (!MakeSocketAddress(::geteuid(), options.pid, options.socket_dir, &impl->address, error)) {
+    const SocketOwner owner = options.instance != 0 ? SocketOwner::Instance(options.instance)
+                                                    : SocketOwner::Pid(options.pid);
+    if (!MakeSocketAddress(::geteuid(), owner, options.socket_dir, &impl->address, error)) {
       return nullptr;
     }
     // On any failure from here, ~Impl (Stop) closes what was made and

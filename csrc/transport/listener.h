@@ -28,8 +28,11 @@
 namespace vmmipc::transport {
 
 struct ListenerOptions {
-  SipKey secret;               // this process's secret: handles' capabilities are made under it
-  uint32_t pid = 0;            // this process's pid as it appears in handles
+  SipKey secret;     // this process's secret: handles' capabilities are made under it
+  uint32_t pid = 0;  // this process's pid as it appears in handles
+  // This process's public instance id (in every handle), which names the
+  // socket; 0: the pid names it, as before handle version 3 (tests).
+  uint32_t instance = 0;
   std::string socket_dir;      // empty: abstract socket
   int timeout_ms = 5000;       // per connection: receive, send
   int max_workers = 4;         // worker threads (at least 1), started as needed
@@ -56,7 +59,7 @@ class Listener {
   // and forgets the thread without joining it; the object may then be leaked.
   void AbandonAfterFork() noexcept;
 
-  const std::string& address() const;  // for logs: "@vmmipc.<uid>.<pid>" or a path
+  const std::string& address() const;  // for logs: "@vmmipc.<uid>.i<instance>" or a path
 
   // Runs `task` once on a worker thread, in the order posted with requests
   // (for example, exporting a chunk ahead of the first request for it).

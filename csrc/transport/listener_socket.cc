@@ -2,11 +2,14 @@
 // bind, bind, SO_PASSRIGHTS off, listen.
 #include "transport/listener_socket.h"
 
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <string_view>
 
 #include "common/log.h"
 #include "common/syscall.h"
@@ -35,8 +38,8 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
   const IoResult io = ConnectSeqpacket(address, Deadline::AfterMs(100), &probe);
   if (io.ok() || io.status == IoStatus::kTimeout) {
     *error = fmt::format(
-        "{} is in use by a live listener (same uid and pid in another pid "
-        "namespace sharing this directory?)",
+        "{} is in use by a live listener (another process of this uid with the same "
+        "instance id: one chance in 2^32 a pair)",
         address.path);
     return false;
   }
@@ -44,7 +47,7 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
     *error = fmt::format("{} exists and cannot be probed: {}", address.path, ErrnoText(io.error));
     return false;
   }
-  // ECONNREFUSED: nobody listens; a previous process of this pid died without
+  // ECONNREFUSED: nobody listens; a process of this name died without
   // unlinking. Its file would make bind() fail with EADDRINUSE.
   if (::unlink(address.path.c_str()) != 0 && errno != ENOENT) {
     *error = fmt::format("cannot remove stale socket {}: {}", address.path, ErrnoText(errno));
@@ -54,13 +57,55 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
   return true;
 }
 
+// Removes the socket files of this uid in the listener's directory that
+// nobody listens on: exporters killed without an exit handler. A name is an
+// exporter's random instance id, which no later process takes, so such a file
+// would otherwise stay for good. Only "vmmipc.<uid>.i<8 hex>.sock" sockets of
+// our uid, refused at connect (a live listener accepts; one that is merely
+// slow is left), and only while the path still names the inode looked at.
+// Bounded: the first 1024 entries of the directory.
+void SweepDeadSocketFiles(const SocketAddress& own) {
+  const size_t slash = own.path.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string dir = slash == 0 ? "/" : own.path.substr(0, slash);
+  const std::string prefix = fmt::format("vmmipc.{}.i", ::geteuid());
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) return;
+  size_t seen = 0;
+  while (const dirent* entry = ::readdir(listing)) {
+    if (++seen > 1024) break;
+    const std::string_view name(entry->d_name);
+    if (name.size() != prefix.size() + 8 + 5 || name.substr(0, prefix.size()) != prefix ||
+        name.substr(name.size() - 5) != ".sock")
+      continue;
+    const std::string path = (dir == "/" ? dir : dir + "/") + std::string(name);
+    if (path == own.path) continue;
+    struct stat before {};
+    if (::lstat(path.c_str(), &before) != 0 || !S_ISSOCK(before.st_mode) ||
+        before.st_uid != ::geteuid())
+      continue;
+    SocketAddress address = own;
+    std::memcpy(address.sockaddr.sun_path, path.c_str(), path.size() + 1);
+    ScopedFd probe;
+    const IoResult io = ConnectSeqpacket(address, Deadline::AfterMs(50), &probe);
+    if (io.ok() || io.status != IoStatus::kError || io.error != ECONNREFUSED) continue;
+    struct stat now {};
+    if (::lstat(path.c_str(), &now) != 0 || now.st_dev != before.st_dev ||
+        now.st_ino != before.st_ino || ::unlink(path.c_str()) != 0)
+      continue;
+    VMMIPC_LOG_INFO("listener: removed stale socket file {}", path);
+  }
+  ::closedir(listing);
+}
+
 bool Bind(const SocketAddress& address, int fd, std::string* error) {
   if (::bind(fd, address.get(), address.length) == 0) return true;
   const int e = errno;
   if (e == EADDRINUSE && address.abstract) {
     *error = fmt::format(
         "listener {}: the name is already bound by another process of this uid in this "
-        "network namespace (a process of the same pid in another pid namespace?)",
+        "network namespace (an instance id taken twice, one chance in 2^32 a pair, or a "
+        "process of this uid holding the name)",
         address.display);
   } else {
     *error = fmt::format("listener {}: bind: {}", address.display, ErrnoText(e));
@@ -78,6 +123,7 @@ bool BindListeningSocket(const SocketAddress& address, ScopedFd* fd, BoundSocket
     return false;
   }
   if (!address.abstract && !ClearStalePath(address, error)) return false;
+  if (!address.abstract) SweepDeadSocketFiles(address);
   // The file bind() creates takes the socket's own mode (minus the umask):
   // set here, it is 0600 from birth. A chmod by path after bind would follow
   // a symlink swapped in meanwhile. The uid check is the real one anyway.

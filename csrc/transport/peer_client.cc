@@ -113,13 +113,17 @@ FetchResult BatchFailure(FetchStatus status, const Batch& batch, const Fetch& fe
   return Fail(status, fmt::format("{} from {}: {}", batch.what, fetch.address.display, why));
 }
 
-// Connects to the name of the handle's pid, then checks who holds it before
+// Connects to the name of the handle's exporter (its instance; a version 2
+// handle: its pid), then checks who holds it before
 // saying anything to it: another user's process squatting the name gets not
 // even our request.
 Ended Connect(Fetch& fetch) {
   std::string error;
-  if (!MakeSocketAddress(fetch.uid, fetch.request.handle.exporter_pid, fetch.options.socket_dir,
-                         &fetch.address, &error)) {
+  const FetchRequest& request = fetch.request;
+  const SocketOwner owner = request.exporter_instance != 0
+                                ? SocketOwner::Instance(request.exporter_instance)
+                                : SocketOwner::Pid(request.handle.exporter_pid);
+  if (!MakeSocketAddress(fetch.uid, owner, fetch.options.socket_dir, &fetch.address, &error)) {
     return Fail(FetchStatus::kNoExporter, error);
   }
   if (IoResult io = ConnectSeqpacket(fetch.address, fetch.deadline, &fetch.sock); !io.ok()) {
@@ -216,9 +220,10 @@ FetchResult Unverified(const Fetch& fetch, const Batch& batch) {
       !batch.peeked.carries_fds) {
     FetchResult result =
         Fail(FetchStatus::kRefused,
-             fmt::format("{} refused the handle's token (unverified answer: pid {} was reused, or "
-                         "the handle was edited or forged)",
-                         fetch.address.display, fetch.request.handle.exporter_pid));
+             fmt::format("{} refused the handle's token (unverified answer: the handle was "
+                         "edited or forged, or{} names a process that did not make it)",
+                         fetch.address.display,
+                         fetch.request.exporter_instance != 0 ? "" : ", by a reused pid,"));
     result.refuse = RefuseReason::kBadToken;
     return result;
   }

@@ -20,6 +20,9 @@ namespace vmmipc::transport {
 struct FetchRequest {
   wire::HandleFields handle;
   uint64_t capability = 0;
+  // The exporter's instance id, which names its socket (handles of version 3);
+  // 0: its pid does (a version 2 handle, from an older vmmipc).
+  uint32_t exporter_instance = 0;
 };
 
 struct ClientOptions {

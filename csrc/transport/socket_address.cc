@@ -1,7 +1,7 @@
 // Naming of exporter sockets, and the check of a socket directory. The uid is
-// part of the name so that two users whose processes happen to share a pid
-// (separate pid namespaces, one network namespace) never collide, and a
-// squatter must at least guess it.
+// part of the name so that two users' exporters never collide, and the
+// process's random instance id so that two exporters of one user never do,
+// whatever pid namespaces they run in.
 #include "transport/socket_address.h"
 
 #include <fmt/format.h>
@@ -15,15 +15,16 @@
 
 namespace vmmipc::transport {
 
-std::string SocketBaseName(uint32_t uid, uint32_t pid) {
-  return fmt::format("vmmipc.{}.{}", uid, pid);
+std::string SocketBaseName(uint32_t uid, SocketOwner owner) {
+  if (owner.by_pid) return fmt::format("vmmipc.{}.{}", uid, owner.id);
+  return fmt::format("vmmipc.{}.i{:08x}", uid, owner.id);
 }
 
-bool NameSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+bool NameSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error) {
   *out = SocketAddress{};
   out->sockaddr.sun_family = AF_UNIX;
-  const std::string base = SocketBaseName(uid, pid);
+  const std::string base = SocketBaseName(uid, owner);
   if (socket_dir.empty()) {
     // Abstract namespace: a leading NUL, then the name without terminator; the
     // kernel compares (length, bytes), so the length must be exact.
@@ -81,9 +82,9 @@ bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error) {
   return true;
 }
 
-bool MakeSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+bool MakeSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error) {
-  if (!NameSocketAddress(uid, pid, socket_dir, out, error)) return false;
+  if (!NameSocketAddress(uid, owner, socket_dir, out, error)) return false;
   // Checked on every use, not once: the directory can change under a
   // long-running process, and a stat costs little next to a connection.
   return out->abstract || CheckSocketDir(socket_dir, uid, error);

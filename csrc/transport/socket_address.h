@@ -1,4 +1,4 @@
-// Where an exporter listens: the one rule that turns (uid, pid, socket_dir)
+// Where an exporter listens: the one rule that turns (uid, owner, socket_dir)
 // into a Unix socket address, shared by the listener and the client so that
 // both always compute the same bytes, and the one check that a socket
 // directory is private to the user. No socket calls.
@@ -17,19 +17,35 @@ struct SocketAddress {
   socklen_t length = 0;  // exact: abstract names are length-delimited, not NUL-terminated
   bool abstract = true;
   std::string path;     // the filesystem path; empty for an abstract name
-  std::string display;  // for logs: "@vmmipc.<uid>.<pid>" or the path
+  std::string display;  // for logs: "@vmmipc.<uid>.i<instance>" or the path
 
   const struct sockaddr* get() const { return reinterpret_cast<const struct sockaddr*>(&sockaddr); }
 };
 
-// "vmmipc.<uid>.<pid>": the name both kinds of address are built from.
-std::string SocketBaseName(uint32_t uid, uint32_t pid);
+// Whose socket: an exporter process names its socket by its public instance
+// id (random, in every handle since version 3), which no other process shares
+// whatever pid namespace it runs in. Before version 3 the name was the pid,
+// which repeats across pid namespaces (two containers' pid 2 on one host
+// network): an importer still reaches such an exporter of an older vmmipc
+// through the pid of its version 2 handle.
+struct SocketOwner {
+  uint32_t id = 0;
+  bool by_pid = false;
 
-// Empty socket_dir: the abstract name "\0vmmipc.<uid>.<pid>" (lives in the
-// caller's network namespace). Otherwise "<socket_dir>/vmmipc.<uid>.<pid>.sock".
-// Returns false and fills `error` when the path does not fit in sun_path.
-// Naming only: looks at nothing on disk.
-bool NameSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+  static SocketOwner Instance(uint32_t instance) { return {instance, false}; }
+  static SocketOwner Pid(uint32_t pid) { return {pid, true}; }
+};
+
+// "vmmipc.<uid>.i<instance, 8 hex digits>", or "vmmipc.<uid>.<pid>" for an
+// owner by pid: the name both kinds of address are built from. The two forms
+// never coincide (a pid is decimal digits only).
+std::string SocketBaseName(uint32_t uid, SocketOwner owner);
+
+// Empty socket_dir: the abstract name "\0<base name>" (lives in the caller's
+// network namespace). Otherwise "<socket_dir>/<base name>.sock". Returns
+// false and fills `error` when the path does not fit in sun_path. Naming
+// only: looks at nothing on disk.
+bool NameSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error);
 
 // Whether `dir` may hold the sockets of `uid`: a directory (symlinks to one
@@ -43,7 +59,7 @@ bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error);
 // What the listener and the client use: NameSocketAddress, then, for a
 // filesystem socket, CheckSocketDir(socket_dir, uid). `uid` is the caller's
 // effective uid.
-bool MakeSocketAddress(uint32_t uid, uint32_t pid, const std::string& socket_dir,
+bool MakeSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error);
 
 }  // namespace vmmipc::transport

@@ -334,7 +334,7 @@ TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
   for (int i = 0; i < 64; ++i) bytes[i] = std::stoul(hex.substr(2 * i, 2), nullptr, 16);
   state::Vmm2Handle h;
   ASSERT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk);
-  h.version = 3;
+  h.version = state::kHandleVersion + 1;
   state::EncodeHandle(h, bytes);
   std::string future;
   for (unsigned char b : bytes) {

@@ -85,20 +85,27 @@ ssize_t SendWithFd(int sock, const void* bytes, size_t size, int fd) {
 
 // --- raw protocol pieces, for the test process acting as a hostile peer ----------------------
 
-// The exporter's abstract name "\0vmmipc.<euid>.<pid>" (docs/protocol.md).
-sockaddr_un AbstractName(uint32_t pid, socklen_t* length) {
+// The exporter's abstract name "\0vmmipc.<euid>.i<instance>" (docs/protocol.md):
+// the instance of its handles.
+std::string AbstractNameOf(const state::Vmm2Handle& h, uint32_t uid = geteuid()) {
+  char instance[16];
+  std::snprintf(instance, sizeof(instance), "%08x", h.instance);
+  return "vmmipc." + std::to_string(uid) + ".i" + instance;
+}
+
+sockaddr_un AbstractName(const state::Vmm2Handle& h, socklen_t* length) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string name = "vmmipc." + std::to_string(geteuid()) + "." + std::to_string(pid);
+  const std::string name = AbstractNameOf(h);
   std::memcpy(addr.sun_path + 1, name.data(), name.size());
   *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   return addr;
 }
 
-int ConnectTo(uint32_t pid) {
+int ConnectTo(const state::Vmm2Handle& h) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   socklen_t length = 0;
-  const sockaddr_un addr = AbstractName(pid, &length);
+  const sockaddr_un addr = AbstractName(h, &length);
   if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&addr), length) == 0) return fd;
   if (fd >= 0) close(fd);
   return -1;
@@ -144,10 +151,10 @@ class Squatter {
  public:
   enum class Mode { kForgedGrant, kBareBadToken, kGarbage, kSilent };
 
-  Squatter(uint32_t pid, Mode mode, const state::Vmm2Handle& h) : mode_(mode), handle_(h) {
+  Squatter(Mode mode, const state::Vmm2Handle& h) : mode_(mode), handle_(h) {
     listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     socklen_t length = 0;
-    const sockaddr_un addr = AbstractName(pid, &length);
+    const sockaddr_un addr = AbstractName(h, &length);
     bound_ = listen_fd_ >= 0 &&
              bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), length) == 0 &&
              listen(listen_fd_, 8) == 0 && pipe2(stop_, O_CLOEXEC) == 0;
@@ -356,15 +363,13 @@ TEST_F(Fault, ExporterThatExitedFailsOpenAtOnceAsInvalidHandle) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 4));
-  const uint32_t pid = static_cast<uint32_t>(exporter->pid());
+  const std::string name = AbstractNameOf(Decode(handle));
   exporter.reset();  // "exit": a clean exit, listener and all
   const Resources before = Held(*importer);
   const auto start = Clock::now();
   EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
   EXPECT_LT(MsSince(start), 2000);
-  EXPECT_NE(Log(*importer).find("nobody listens on @vmmipc." + std::to_string(geteuid()) + "." +
-                                std::to_string(pid)),
-            std::string::npos);
+  EXPECT_NE(Log(*importer).find("nobody listens on @" + name), std::string::npos);
   EXPECT_EQ(Held(*importer), before);
 }
 
@@ -480,7 +485,7 @@ TEST_P(SquatterTest, SquatterOnADeadExportersNameCannotServeMemory) {
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 7));
   const state::Vmm2Handle h = Decode(handle);
   exporter->Kill();
-  Squatter squatter(h.pid, GetParam(), h);
+  Squatter squatter(GetParam(), h);
   ASSERT_TRUE(squatter.bound());
   const Resources before = Held(*importer);
 
@@ -545,11 +550,11 @@ pid_t AsNobody(const std::function<int()>& body) {
 
 // The root exporter's name, connected to by hand: another user's client would
 // not find it under its own uid's name.
-int ConnectToRootsName(uint32_t pid) {
+int ConnectToRootsName(const state::Vmm2Handle& h) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string name = "vmmipc.0." + std::to_string(pid);
+  const std::string name = AbstractNameOf(h, 0);  // root's name: the test runs as root
   std::memcpy(addr.sun_path + 1, name.data(), name.size());
   const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   return connect(fd, reinterpret_cast<const sockaddr*>(&addr), length) == 0 ? fd : -1;
@@ -575,7 +580,7 @@ TEST_F(Fault, ClientOfAnotherUidGetsOnlyAWrongUserRefusal) {
   // Stopped while the request is queued, so it is there when the exporter accepts.
   ASSERT_TRUE(StopAndWait(exporter->pid()));
   const pid_t child = AsNobody([&] {
-    const int fd = ConnectToRootsName(h.pid);
+    const int fd = ConnectToRootsName(h);
     if (fd < 0) return 21;
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != 80) return 22;
     (void)!write(sent[1], "s", 1);
@@ -604,14 +609,14 @@ TEST_F(Fault, SilentPeersOfAnotherUidCannotStallTheExporter) {
   auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "10000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 21));
-  const uint32_t pid = Decode(handle).pid;
+  const state::Vmm2Handle h = Decode(handle);
   int ready[2], release[2];
   ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
   ASSERT_EQ(pipe2(release, O_CLOEXEC), 0);
   const pid_t child = AsNobody([&] {
     close(release[1]);
     std::vector<int> held;
-    for (int i = 0; i < kSilent; ++i) held.push_back(ConnectToRootsName(pid));
+    for (int i = 0; i < kSilent; ++i) held.push_back(ConnectToRootsName(h));
     (void)!write(ready[1], "r", 1);
     char c;
     (void)!read(release[0], &c, 1);  // silent until the parent is done
@@ -769,9 +774,8 @@ TEST_F(Fault, ImporterOfAnotherUidFindsNoExporterUnderItsOwnUidsName) {
   ASSERT_EQ(importer->Call("drop_to 65534"), "ok");
   const Resources before = Held(*importer);
   EXPECT_TRUE(StartsWith(importer->Call("open " + handle), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
-  EXPECT_NE(
-      Log(*importer).find("nobody listens on @vmmipc.65534." + std::to_string(exporter->pid())),
-      std::string::npos);
+  EXPECT_NE(Log(*importer).find("nobody listens on @" + AbstractNameOf(Decode(handle), 65534)),
+            std::string::npos);
   EXPECT_EQ(Held(*importer), before);
   EXPECT_EQ(Log(*exporter).find("refused peer"), std::string::npos);
 }
@@ -798,7 +802,7 @@ TEST_F(Fault, SquatterOfAnotherUidGetsNotEvenTheRequest) {
     const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    const std::string name = "vmmipc.0." + std::to_string(h.pid);
+    const std::string name = AbstractNameOf(h, 0);  // root's (the test's) name for that exporter
     std::memcpy(addr.sun_path + 1, name.data(), name.size());
     const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
     if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), length) != 0 || listen(fd, 4) != 0)
@@ -927,11 +931,12 @@ TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
   (void)Handle(*other, VmmBuffer(*other, "b", 1, 11));  // `other` listens too
   const Resources before = Held(*importer);
   // The same pid with another capability (a new process that got the pid),
-  // and a handle whose pid now names another live vmmipc process.
+  // and a handle whose instance (its socket's name) is another live vmmipc
+  // process's.
   state::Vmm2Handle stale = Decode(handle);
   stale.capability ^= 0x1;
   state::Vmm2Handle reused = Decode(handle);
-  reused.pid = static_cast<uint32_t>(other->pid());
+  reused.instance = Decode(Handle(*other, VmmBuffer(*other, "c", 1, 12))).instance;
   for (const state::Vmm2Handle& h : {stale, reused}) {
     EXPECT_TRUE(
         StartsWith(importer->Call("open " + Encode(h)), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
@@ -950,7 +955,7 @@ TEST_F(Fault, SilentPeerDelaysNobodyAndIsDroppedAtTheExportersTimeout) {
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "5000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 12));
   const int idle = SteadyFdsOf(exporter->pid());  // the get's export ahead done
-  const int silent = ConnectTo(static_cast<uint32_t>(exporter->pid()));
+  const int silent = ConnectTo(Decode(handle));
   ASSERT_GE(silent, 0);
   // Accepted (one more fd there): the listener now waits for its request.
   EXPECT_TRUE(WaitUntil([&] { return FdsOf(exporter->pid()) == idle + 1; }));
@@ -981,13 +986,13 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   const std::vector<uint8_t> request = RawRequest(h);
 
   // Half a request: too short for a preamble, so there is no nonce to answer with.
-  int fd = ConnectTo(pid);
+  int fd = ConnectTo(h);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(send(fd, request.data(), 20, MSG_NOSIGNAL), 20);
   EXPECT_EQ(ReplyStatus(fd, 2000), -1);
   close(fd);
   // A preamble and nothing else: refused as a bad request.
-  fd = ConnectTo(pid);
+  fd = ConnectTo(h);
   ASSERT_EQ(send(fd, request.data(), 40, MSG_NOSIGNAL), 40);
   EXPECT_EQ(ReplyStatus(fd, 2000), 8);  // kBadRequest
   close(fd);
@@ -996,7 +1001,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   // 6.16+) the kernel refuses the send; elsewhere the exporter leaves the
   // message queued and its reaper closes the connection (the peer sees a
   // reset, no answer). Either way the fd is not kept.
-  fd = ConnectTo(pid);
+  fd = ConnectTo(h);
   {
     const int memfd = memfd_create("unwanted", MFD_CLOEXEC);
     const ssize_t sent = SendWithFd(fd, request.data(), request.size(), memfd);
@@ -1012,10 +1017,10 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   }
   close(fd);
   // Connect and hang up at once.
-  fd = ConnectTo(pid);
+  fd = ConnectTo(h);
   close(fd);
   // A request with a wrong MAC: bad token.
-  fd = ConnectTo(pid);
+  fd = ConnectTo(h);
   ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), 80);
   EXPECT_EQ(ReplyStatus(fd, 2000), 1);  // kBadToken
   close(fd);
@@ -1079,8 +1084,8 @@ TEST_F(Fault, SocketFileGoesWithAnExporterThatExitsAndAKilledOnesIsTakenOverByIt
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
   const std::map<std::string, std::string> env = {{"VMMIPC_SOCKET_DIR", dir}};
-  auto path_of = [&](pid_t pid) {
-    return dir + "/vmmipc." + std::to_string(geteuid()) + "." + std::to_string(pid) + ".sock";
+  auto path_of = [&](const std::string& handle) {
+    return dir + "/" + AbstractNameOf(Decode(handle)) + ".sock";
   };
   auto files = [&] {
     size_t n = 0;
@@ -1090,8 +1095,7 @@ TEST_F(Fault, SocketFileGoesWithAnExporterThatExitsAndAKilledOnesIsTakenOverByIt
   // exit(), then a return from main (what the peer does at its "exit").
   for (const bool by_exit : {true, false}) {
     auto exporter = Peer(by_exit ? "exporter-exit" : "exporter-return", "0", env);
-    Handle(*exporter, VmmBuffer(*exporter, "a", 1, 42));
-    const std::string path = path_of(exporter->pid());
+    const std::string path = path_of(Handle(*exporter, VmmBuffer(*exporter, "a", 1, 42)));
     ASSERT_TRUE(std::filesystem::exists(path)) << path;
     if (by_exit) {
       // No answer: its stdout closes when it has exited, exit handlers run.
@@ -1103,18 +1107,18 @@ TEST_F(Fault, SocketFileGoesWithAnExporterThatExitsAndAKilledOnesIsTakenOverByIt
   }
   EXPECT_EQ(files(), 0u);
   auto killed = Peer("exporter-killed", "0", env);
-  Handle(*killed, VmmBuffer(*killed, "b", 1, 43));
-  const std::string stale = path_of(killed->pid());
+  const std::string stale = path_of(Handle(*killed, VmmBuffer(*killed, "b", 1, 43)));
   killed->Kill();
   EXPECT_TRUE(std::filesystem::exists(stale)) << "a killed exporter runs no exit handler";
   EXPECT_EQ(files(), 1u);
-  // The next exporter of that name: its pid differs, so the dead file is
-  // given its name (a pid reused after the kill would find it so).
+  // The next exporter in the directory: no other process has the dead one's
+  // name (an instance id is random), so the first listener to start there
+  // removes every socket file of this uid that nobody listens on.
   auto next = Peer("exporter-next", "0", env);
   auto importer = Peer("importer", "1", env);
-  ASSERT_EQ(::rename(stale.c_str(), path_of(next->pid()).c_str()), 0);
   const std::string handle = Handle(*next, VmmBuffer(*next, "c", 1, 44));
-  EXPECT_TRUE(LogShows(*next, "removed stale socket file " + path_of(next->pid())));
+  EXPECT_TRUE(LogShows(*next, "removed stale socket file " + stale));
+  EXPECT_FALSE(std::filesystem::exists(stale));
   OpenCheckClose(*importer, handle, kChunk, 44);
   next.reset();
   importer.reset();
@@ -1455,9 +1459,7 @@ TEST_F(Fault, ForkedExporterChildExportsThroughItsOwnListenerAndTheParentKeepsSe
   EXPECT_EQ(exporter->Call("reap " + child_pid, 30000), "ok exit=0");
   EXPECT_EQ(importer->Call("close " + parent_ptr), "ok");
   OpenCheckClose(*importer, parent_handle, 2 * kChunk, 50);
-  EXPECT_NE(
-      Log(*exporter).find("listening on @vmmipc." + std::to_string(geteuid()) + "." + child_pid),
-      std::string::npos);
+  EXPECT_NE(Log(*exporter).find("listening on @" + AbstractNameOf(child)), std::string::npos);
 }
 
 TEST_F(Fault, ForksWhileServingNeitherHangTheChildrenNorBreakTheParent) {

@@ -67,7 +67,8 @@ class RawFollower {
     if (state::DecodeHandle(raw, &h) != state::DecodeStatus::kOk) return "err not a VMM2 handle";
     const transport::FetchRequest request{
         {h.pid, h.generation, h.rank_slot, h.address, h.chunk_base, h.chunk_size, h.region_base},
-        h.capability};
+        h.capability,
+        h.version >= 3 ? h.instance : 0};
     const char* dir = std::getenv("VMMIPC_SOCKET_DIR");
     transport::FetchResult fetched = transport::FetchChunks(
         request, {dir != nullptr ? dir : "", TimeoutMs(), /*watch=*/true, follower});

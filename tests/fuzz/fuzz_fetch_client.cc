@@ -68,7 +68,7 @@ Fixture& Fix() {
     f->key = wire::DeriveKey(TheRequest(f->pid).capability, f->pid);
     SocketAddress address;
     std::string error;
-    FUZZ_CHECK(MakeSocketAddress(geteuid(), f->pid, "", &address, &error));
+    FUZZ_CHECK(MakeSocketAddress(geteuid(), SocketOwner::Pid(f->pid), "", &address, &error));
     f->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     FUZZ_CHECK(f->listen_fd >= 0);
     FUZZ_CHECK(bind(f->listen_fd, address.get(), address.length) == 0);

@@ -35,7 +35,7 @@ void CheckOne(const unsigned char bytes[kHandleSize]) {
     FUZZ_CHECK(status == DecodeStatus::kNotVmm2);
   } else if (!crc) {
     FUZZ_CHECK(status == DecodeStatus::kBadChecksum);
-  } else if (bytes[4] != state::kHandleVersion) {
+  } else if (bytes[4] < state::kOldestHandleVersion || bytes[4] > state::kHandleVersion) {
     FUZZ_CHECK(status == DecodeStatus::kUnknownVersion);
   } else {
     FUZZ_CHECK(status == DecodeStatus::kOk || status == DecodeStatus::kMalformed);
@@ -45,7 +45,8 @@ void CheckOne(const unsigned char bytes[kHandleSize]) {
     return;
   }
   // Every rule of a valid handle.
-  FUZZ_CHECK(h.version == state::kHandleVersion && h.flags == 0);
+  FUZZ_CHECK(h.version >= state::kOldestHandleVersion && h.version <= state::kHandleVersion &&
+             h.flags == 0);
   FUZZ_CHECK(h.capability != 0 && h.instance != 0 && h.pid != 0);
   FUZZ_CHECK(h.chunk_size != 0 && h.address >= h.chunk_base &&
              h.address - h.chunk_base < h.chunk_size);
@@ -82,7 +83,7 @@ void WriteSeeds() {
   unranked.rank_slot = state::kUnranked;
   seed("valid_unranked", 0, unranked);
   state::Vmm2Handle future = h;
-  future.version = 3;
+  future.version = state::kHandleVersion + 1;
   seed("future_version", 0, future);
   state::Vmm2Handle outside = h;
   outside.address = h.chunk_base + h.chunk_size;  // just past its chunk

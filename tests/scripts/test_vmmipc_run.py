@@ -192,14 +192,14 @@ class ToolTest(unittest.TestCase):
         sockets = self.report()["sockets"]
         self.assertEqual((sockets["kind"], sockets["usable"], sockets["problem"]),
                          ("abstract", True, None))
-        self.assertEqual(sockets["pattern"], f"@vmmipc.{os.geteuid()}.<pid>")
+        self.assertEqual(sockets["pattern"], f"@vmmipc.{os.geteuid()}.i<instance>")
         self.assertRegex(sockets["network_namespace"], r"^net:\[[0-9]+\]$")
         with tempfile.TemporaryDirectory() as directory:
             os.chmod(directory, 0o700)
             sockets = self.report(VMMIPC_SOCKET_DIR=directory)["sockets"]
             self.assertEqual((sockets["kind"], sockets["usable"]), ("directory", True))
             self.assertEqual(sockets["pattern"],
-                             os.path.join(directory, f"vmmipc.{os.geteuid()}.<pid>.sock"))
+                             os.path.join(directory, f"vmmipc.{os.geteuid()}.i<instance>.sock"))
             self.assertLessEqual(sockets["longest_path"], sockets["path_limit"])
             os.chmod(directory, 0o1777)
             sockets = self.report(VMMIPC_SOCKET_DIR=directory)["sockets"]

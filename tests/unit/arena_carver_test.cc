@@ -39,7 +39,7 @@ TEST(ArenaCarver, AlignmentIsHonoured) {
   ASSERT_EQ(arena.Take(2 * kMiB, 2 * kMiB), 0u);
   EXPECT_EQ(arena.Take(2 * kMiB, 512 * kMiB), 512 * kMiB);
   EXPECT_EQ(arena.Take(2 * kMiB, 2 * kMiB), 2 * kMiB);  // the gap before it is reused
-  EXPECT_FALSE(arena.Take(2 * kMiB, 3 * kMiB));          // not a power of two
+  EXPECT_FALSE(arena.Take(2 * kMiB, 3 * kMiB));         // not a power of two
   EXPECT_FALSE(arena.Take(0, 2 * kMiB));
 }
 
@@ -49,12 +49,12 @@ TEST(ArenaCarver, ExhaustionAndExactFrees) {
   auto b = arena.Take(4 * kMiB, 2 * kMiB);
   ASSERT_TRUE(a && b);
   EXPECT_FALSE(arena.Take(2 * kMiB, 2 * kMiB));
-  EXPECT_FALSE(arena.Give(*a, 2 * kMiB));          // not the carve's size
+  EXPECT_FALSE(arena.Give(*a, 2 * kMiB));             // not the carve's size
   EXPECT_FALSE(arena.Give(*a + 2 * kMiB, 2 * kMiB));  // not a carve's start
   EXPECT_TRUE(arena.Give(*a, 4 * kMiB));
-  EXPECT_FALSE(arena.Give(*a, 4 * kMiB));          // twice
+  EXPECT_FALSE(arena.Give(*a, 4 * kMiB));  // twice
   EXPECT_TRUE(arena.Give(*b, 4 * kMiB));
-  EXPECT_EQ(arena.Take(8 * kMiB, 2 * kMiB), 0u);   // coalesced back to one range
+  EXPECT_EQ(arena.Take(8 * kMiB, 2 * kMiB), 0u);  // coalesced back to one range
 }
 
 TEST(ArenaCarver, FindNamesTheCarveHoldingAnOffset) {

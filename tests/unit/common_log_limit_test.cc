@@ -3,8 +3,6 @@
 // flagged, the rest are counted, and the next window's first line carries
 // the count; concurrent callers; a forked child's own counts; and the lines
 // Admitted writes.
-#include "common/log_limit.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -17,6 +15,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/log_limit.h"
 
 namespace vmmipc::log {
 namespace {
@@ -122,8 +122,8 @@ TEST(LineLimit, AForkedChildCountsAfresh) {
 }
 
 TEST(LineLimit, AdmittedWritesTheNoticeAndTheCount) {
-  const std::string path = ::testing::TempDir() + "vmmipc-log-limit-" +
-                           std::to_string(getpid()) + ".log";
+  const std::string path =
+      ::testing::TempDir() + "vmmipc-log-limit-" + std::to_string(getpid()) + ".log";
   std::filesystem::remove(path);
   SetFile(path);
   SetLevel(Level::kWarn);

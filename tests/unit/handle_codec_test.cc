@@ -54,7 +54,7 @@ TEST(HandleCodec, LayoutIsLittleEndianAndStable) {
   unsigned char bytes[kHandleSize];
   EncodeHandle(Sample(), bytes);
   EXPECT_EQ(std::memcmp(bytes, "VMM2", 4), 0);
-  EXPECT_EQ(bytes[4], 2);  // version
+  EXPECT_EQ(bytes[4], 3);  // version
   EXPECT_EQ(bytes[6], 3);  // rank slot, low byte first
   EXPECT_EQ(bytes[8] | bytes[9] << 8, 4242);
   EXPECT_EQ(bytes[16], 0x88);  // capability, low byte first
@@ -96,9 +96,25 @@ TEST(HandleCodec, AnySingleBitFlipIsDetected) {
   }
 }
 
+// Version 2 (an older vmmipc: the pid names its socket) is read as it was;
+// this build writes 3 (the instance names it).
+TEST(HandleCodec, VersionTwoIsStillReadAndThreeIsWritten) {
+  EXPECT_EQ(Vmm2Handle().version, 3);
+  for (uint8_t version : {2, 3}) {
+    Vmm2Handle h = Sample();
+    h.version = version;
+    unsigned char bytes[kHandleSize];
+    EncodeHandle(h, bytes);
+    EXPECT_EQ(bytes[4], version);
+    Vmm2Handle out;
+    ASSERT_EQ(DecodeHandle(bytes, &out), DecodeStatus::kOk) << int(version);
+    EXPECT_EQ(out, h);
+  }
+}
+
 TEST(HandleCodec, UnknownVersionIsReportedNotDecoded) {
-  // Version 1 (a process-wide token instead of a capability) and a future 3.
-  for (uint8_t version : {1, 3}) {
+  // Version 1 (a process-wide token instead of a capability), 0 and a future 4.
+  for (uint8_t version : {0, 1, 4, 255}) {
     Vmm2Handle h = Sample();
     h.version = version;
     unsigned char bytes[kHandleSize];

@@ -67,8 +67,7 @@ TEST(ImportTable, ProbeTellsSameFreeAndConflict) {
   t.AddChunk(Chunk(0x1000000, 0x7000000, 5));
   EXPECT_EQ(t.Probe(0x1000000, kChunk, kPeer, 0x7000000, 5), ChunkProbe::kSame);
   EXPECT_EQ(t.Probe(0x1000000, kChunk, kPeer, 0x7000000, 6), ChunkProbe::kConflict);  // stale
-  EXPECT_EQ(t.Probe(0x1000000, kChunk, ExporterId{101, 1}, 0x7000000, 5),
-            ChunkProbe::kConflict);
+  EXPECT_EQ(t.Probe(0x1000000, kChunk, ExporterId{101, 1}, 0x7000000, 5), ChunkProbe::kConflict);
   EXPECT_EQ(t.Probe(0x1000000, kChunk * 2, kPeer, 0x7000000, 5), ChunkProbe::kConflict);
   EXPECT_EQ(t.Probe(0x0F00000, kChunk, kPeer, 0x6F00000, 5), ChunkProbe::kConflict);  // overlaps
   EXPECT_EQ(t.Probe(0x1100000, kChunk, kPeer, 0x7100000, 5), ChunkProbe::kConflict);  // inside
@@ -137,8 +136,7 @@ TEST(ImportTable, RankSlotsOfNamesEverySlotOfAnExporterOnce) {
   b.key.rank_slot = 5;
   OpenRecord c = Open(0x1400000, 0xA400000, {0x1400000});
   c.key.rank_slot = 5;
-  for (uint64_t target : {0x1000000, 0x1200000, 0x1400000})
-    t.AddChunk(Chunk(target, target));
+  for (uint64_t target : {0x1000000, 0x1200000, 0x1400000}) t.AddChunk(Chunk(target, target));
   t.AddOpen(a);
   t.AddOpen(b);
   t.AddOpen(c);

@@ -117,7 +117,7 @@ inline ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
 inline SocketAddress AbstractAddress(uint32_t pid) {
   SocketAddress address;
   std::string error;
-  EXPECT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error)) << error;
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address, &error)) << error;
   return address;
 }
 

@@ -387,9 +387,7 @@ TEST_F(LogFileTest, AForkedChildWritesItsOwnFileWhenTheNameHasPid) {
 TEST_F(LogFileTest, AForkedChildGetsItsOwnFileWithoutBeingToldTo) {
   SetFile(dir_ + "/w.%p.log");
   VMMIPC_LOG_INFO("parent before fork");
-  const pid_t child = RunInChild([] {
-    VMMIPC_LOG_INFO("child line");
-  });
+  const pid_t child = RunInChild([] { VMMIPC_LOG_INFO("child line"); });
   ASSERT_GT(child, 0);
   EXPECT_THAT(Read(dir_ + "/w." + std::to_string(child) + ".log"), HasSubstr("child line"));
   EXPECT_THAT(Read(dir_ + "/w." + std::to_string(getpid()) + ".log"), Not(HasSubstr("child")));

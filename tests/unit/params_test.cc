@@ -1,7 +1,6 @@
 // The configuration table: value parsing, bad values warned and ignored, the
 // rank fallbacks, and docs/configuration.md kept in step with params.def.
 #include "config/params.h"
-#include "params_test_support.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +14,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "params_test_support.h"
 
 namespace vmmipc::config {
 namespace {

@@ -1,11 +1,10 @@
 // include/vmmipc/vmmipc.h agrees with the handle codec it summarises.
-#include "vmmipc/vmmipc.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "state/handle_codec.h"
+#include "vmmipc/vmmipc.h"
 
 namespace vmmipc::state {
 namespace {

@@ -169,14 +169,16 @@ TEST(TransportFdChannel, ConnectToNobody) {
   const int before = FdCount();
   SocketAddress abstract_address;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), 0x7ffffff0u, "", &abstract_address, &error));
+  ASSERT_TRUE(
+      MakeSocketAddress(geteuid(), SocketOwner::Pid(0x7ffffff0u), "", &abstract_address, &error));
   ScopedFd fd;
   IoResult r = ConnectSeqpacket(abstract_address, Deadline::AfterMs(200), &fd);
   EXPECT_EQ(r.status, IoStatus::kError);
   EXPECT_EQ(r.error, ECONNREFUSED);
   SocketAddress path_address;
   // Named only: MakeSocketAddress would refuse the missing directory before any connect.
-  ASSERT_TRUE(NameSocketAddress(geteuid(), 0x7ffffff0u, "/nonexistent-dir", &path_address, &error));
+  ASSERT_TRUE(NameSocketAddress(geteuid(), SocketOwner::Pid(0x7ffffff0u), "/nonexistent-dir",
+                                &path_address, &error));
   r = ConnectSeqpacket(path_address, Deadline::AfterMs(200), &fd);
   EXPECT_EQ(r.status, IoStatus::kError);
   EXPECT_EQ(r.error, ENOENT);
@@ -187,7 +189,7 @@ TEST(TransportFdChannel, ConnectToNobody) {
 TEST(TransportFdChannel, FullBacklogTimesOut) {
   SocketAddress address;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), 0x7ffffff1u, "", &address, &error));
+  ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(0x7ffffff1u), "", &address, &error));
   ScopedFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   ASSERT_EQ(bind(listener.get(), address.get(), address.length), 0) << strerror(errno);
   ASSERT_EQ(listen(listener.get(), 0), 0);  // never accepted: the queue fills at once

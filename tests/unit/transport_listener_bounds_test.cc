@@ -182,7 +182,7 @@ int FloodAsNobody(uint32_t pid, int go, int stop, HostSeen* seen) {
       setresuid(65534, 65534, 65534) != 0)
     return 20;
   SocketAddress address;  // the root exporter's name, reached on purpose
-  if (!MakeSocketAddress(0, pid, "", &address, nullptr)) return 21;
+  if (!MakeSocketAddress(0, SocketOwner::Pid(pid), "", &address, nullptr)) return 21;
   if (Receive(go, 10000) != 'g') return 24;
   std::deque<ScopedFd> held;
   while (true) {

@@ -86,7 +86,9 @@ class TransportListenerPath : public ::testing::Test {
     o.timeout_ms = 200;
     return o;
   }
-  std::string PathOf(uint32_t pid) { return dir_ + "/" + SocketBaseName(geteuid(), pid) + ".sock"; }
+  std::string PathOf(uint32_t pid) {
+    return dir_ + "/" + SocketBaseName(geteuid(), SocketOwner::Pid(pid)) + ".sock";
+  }
   int VictimMode() {
     struct stat st {};
     EXPECT_EQ(::lstat(victim_.c_str(), &st), 0);

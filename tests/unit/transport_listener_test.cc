@@ -48,7 +48,7 @@ class ScriptedServer {
   using Script = std::function<void(int fd, const wire::RequestPreamble& request)>;
   ScriptedServer(uint32_t pid, Script script) {
     std::string error;
-    EXPECT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address_, &error));
+    EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address_, &error));
     listen_fd_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     EXPECT_EQ(bind(listen_fd_.get(), address_.get(), address_.length), 0) << strerror(errno);
     EXPECT_EQ(listen(listen_fd_.get(), 4), 0);
@@ -133,6 +133,28 @@ bool KernelRefusesPassedFds() {
   return RefuseIncomingFds(probe.get());
 }
 
+// A listener given its process's instance id listens under it: the name
+// an importer derives from a version 3 handle, the same whatever pid
+// namespace either side runs in. The pid's name is then nobody's.
+TEST_F(TransportListener, AListenerWithAnInstanceIsReachedByItOnly) {
+  const uint32_t pid = FakePid();
+  const uint32_t instance = 0x5a000000u | (pid & 0xffffu);
+  ListenerOptions options = Options(pid);
+  options.instance = instance;
+  auto listener = MustStart(options, ChunksHandler(1));
+  ASSERT_NE(listener, nullptr);
+  EXPECT_EQ(listener->address(), "@" + SocketBaseName(geteuid(), SocketOwner::Instance(instance)));
+  FetchRequest by_instance = Request(pid);
+  by_instance.exporter_instance = instance;
+  const FetchResult found = FetchChunks(by_instance, Client());
+  EXPECT_EQ(found.status, FetchStatus::kOk) << found.detail;
+  const FetchResult by_pid = FetchChunks(Request(pid), Client());
+  EXPECT_EQ(by_pid.status, FetchStatus::kNoExporter) << by_pid.detail;
+  FetchRequest other = Request(pid);
+  other.exporter_instance = instance + 1;
+  EXPECT_EQ(FetchChunks(other, Client()).status, FetchStatus::kNoExporter);
+}
+
 TEST_F(TransportListener, FetchOneChunkSharesMemory) {
   const uint32_t pid = FakePid();
   ScopedFd original = Memfd(1);
@@ -150,7 +172,7 @@ TEST_F(TransportListener, FetchOneChunkSharesMemory) {
       return reply;
     });
     ASSERT_NE(listener, nullptr);
-    EXPECT_EQ(listener->address(), "@" + SocketBaseName(geteuid(), pid));
+    EXPECT_EQ(listener->address(), "@" + SocketBaseName(geteuid(), SocketOwner::Pid(pid)));
 
     FetchResult result = FetchChunks(Request(pid), Client());
     ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
@@ -618,7 +640,7 @@ class TransportListenerFs : public TransportListener {
   }
   void TearDown() override { rmdir(dir_.c_str()); }
   std::string PathFor(uint32_t pid) {
-    return dir_ + "/" + SocketBaseName(geteuid(), pid) + ".sock";
+    return dir_ + "/" + SocketBaseName(geteuid(), SocketOwner::Pid(pid)) + ".sock";
   }
   std::string dir_;
 };
@@ -712,7 +734,7 @@ TEST_F(TransportListenerFs, StaleSocketFileIsReplaced) {
   const uint32_t pid = FakePid();
   SocketAddress address;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, dir_, &address, &error));
+  ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), dir_, &address, &error));
   {
     ScopedFd dead(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     ASSERT_EQ(bind(dead.get(), address.get(), address.length), 0);
@@ -782,7 +804,7 @@ TEST_F(TransportListener, OtherUidIsRefusedByTheServer) {
       if (setgid(65534) != 0 || setuid(65534) != 0) return 10;
       SocketAddress address;  // the root exporter's name, reached on purpose
       std::string error;
-      if (!MakeSocketAddress(0, pid, "", &address, &error)) return 11;
+      if (!MakeSocketAddress(0, SocketOwner::Pid(pid), "", &address, &error)) return 11;
       // Knowing the token does not help another user.
       const int status = RawExchange(address, pid, nullptr);
       return status == static_cast<int>(RefuseReason::kWrongUser) ? 0 : 20 + status;
@@ -806,7 +828,7 @@ TEST_F(TransportListener, OtherUidSquatterIsUnauthenticToTheClient) {
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
     SocketAddress address;
     std::string error;
-    if (!MakeSocketAddress(0, pid, "", &address, &error)) _exit(11);
+    if (!MakeSocketAddress(0, SocketOwner::Pid(pid), "", &address, &error)) _exit(11);
     ScopedFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     if (bind(sock.get(), address.get(), address.length) != 0 || listen(sock.get(), 4) != 0) {
       _exit(12);
@@ -898,7 +920,7 @@ TEST_F(TransportListener, EventsReportRefusalsGrantsAndDrops) {
     // A connection that says nothing and hangs up is dropped without an answer.
     ScopedFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     SocketAddress address;
-    ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, nullptr));
+    ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address, nullptr));
     ASSERT_EQ(connect(sock.get(), address.get(), address.length), 0);
     sock.Reset();
     for (int i = 0; i < 100 && g_dropped.load() == 0; ++i) usleep(10000);

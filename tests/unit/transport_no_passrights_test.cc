@@ -126,7 +126,7 @@ TEST(TransportNoPassRights, AFloodOfConnectionsWithFdsCostsTheExporterNeitherFds
   ASSERT_NE(listener, nullptr) << error;
   ASSERT_GE(g_passrights_refused.load(), 1) << "the listener did not ask for SO_PASSRIGHTS";
   SocketAddress address;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error)) << error;
+  ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address, &error)) << error;
   // The reaper's inbox (one fd for the process's life) exists before the count.
   {
     int pair[2];

@@ -88,7 +88,7 @@ TEST(PeerFds, AGenuineGrantOfALingeringSocketFailsTheOpenAtOnce) {
   const uint64_t capability = 0x1234567890abcdefULL;
   SocketAddress address;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(geteuid(), pid, "", &address, &error)) << error;
+  ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address, &error)) << error;
   ScopedFd listening(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   ASSERT_EQ(bind(listening.get(), address.get(), address.length), 0);
   ASSERT_EQ(listen(listening.get(), 1), 0);

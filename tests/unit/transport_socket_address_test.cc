@@ -16,7 +16,7 @@ namespace {
 TEST(TransportSocketAddress, AbstractNameHasExactLength) {
   SocketAddress a;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(1000, 4242, "", &a, &error)) << error;
+  ASSERT_TRUE(MakeSocketAddress(1000, SocketOwner::Pid(4242), "", &a, &error)) << error;
   EXPECT_TRUE(a.abstract);
   EXPECT_EQ(a.display, "@vmmipc.1000.4242");
   EXPECT_EQ(a.sockaddr.sun_family, AF_UNIX);
@@ -30,27 +30,43 @@ TEST(TransportSocketAddress, AbstractNameHasExactLength) {
 TEST(TransportSocketAddress, FilesystemPath) {
   SocketAddress a;
   std::string error;
-  ASSERT_TRUE(NameSocketAddress(7, 9, "/run/vmmipc/", &a, &error)) << error;
+  ASSERT_TRUE(NameSocketAddress(7, SocketOwner::Pid(9), "/run/vmmipc/", &a, &error)) << error;
   EXPECT_FALSE(a.abstract);
   EXPECT_EQ(a.path, "/run/vmmipc/vmmipc.7.9.sock");
   EXPECT_EQ(a.display, a.path);
   EXPECT_STREQ(a.sockaddr.sun_path, "/run/vmmipc/vmmipc.7.9.sock");
   EXPECT_EQ(a.length, offsetof(sockaddr_un, sun_path) + a.path.size() + 1);
-  ASSERT_TRUE(NameSocketAddress(7, 9, "/", &a, &error)) << error;
+  ASSERT_TRUE(NameSocketAddress(7, SocketOwner::Pid(9), "/", &a, &error)) << error;
   EXPECT_EQ(a.path, "/vmmipc.7.9.sock");
 }
 
 TEST(TransportSocketAddress, DifferentUidOrPidDifferentName) {
-  EXPECT_NE(SocketBaseName(1, 2), SocketBaseName(2, 1));
-  EXPECT_NE(SocketBaseName(1, 2), SocketBaseName(1, 3));
-  EXPECT_NE(SocketBaseName(11, 2), SocketBaseName(1, 12));
+  EXPECT_NE(SocketBaseName(1, SocketOwner::Pid(2)), SocketBaseName(2, SocketOwner::Pid(1)));
+  EXPECT_NE(SocketBaseName(1, SocketOwner::Pid(2)), SocketBaseName(1, SocketOwner::Pid(3)));
+  EXPECT_NE(SocketBaseName(11, SocketOwner::Pid(2)), SocketBaseName(1, SocketOwner::Pid(12)));
+}
+
+// An exporter's socket is named by its instance id (handles of version 3),
+// 8 hex digits after an "i", so that no pid's name (decimal digits, version
+// 2) is ever the same, and every exporter's name has one length.
+TEST(TransportSocketAddress, InstanceNamesAreFixedWidthAndNeverAPidsName) {
+  EXPECT_EQ(SocketBaseName(1000, SocketOwner::Instance(0xabcd)), "vmmipc.1000.i0000abcd");
+  EXPECT_EQ(SocketBaseName(1000, SocketOwner::Instance(0xffffffffu)), "vmmipc.1000.iffffffff");
+  EXPECT_EQ(SocketBaseName(1000, SocketOwner::Pid(43981)), "vmmipc.1000.43981");
+  EXPECT_NE(SocketBaseName(1, SocketOwner::Instance(2)), SocketBaseName(1, SocketOwner::Pid(2)));
+  EXPECT_NE(SocketBaseName(1, SocketOwner::Instance(2)),
+            SocketBaseName(2, SocketOwner::Instance(2)));
+  SocketAddress a;
+  std::string error;
+  ASSERT_TRUE(NameSocketAddress(7, SocketOwner::Instance(9), "/run/vmmipc", &a, &error)) << error;
+  EXPECT_EQ(a.path, "/run/vmmipc/vmmipc.7.i00000009.sock");
 }
 
 TEST(TransportSocketAddress, TooLongPathIsAnError) {
   SocketAddress a;
   std::string error;
-  EXPECT_FALSE(
-      MakeSocketAddress(4294967295u, 4294967295u, "/" + std::string(100, 'd'), &a, &error));
+  EXPECT_FALSE(MakeSocketAddress(4294967295u, SocketOwner::Pid(4294967295u),
+                                 "/" + std::string(100, 'd'), &a, &error));
   EXPECT_NE(error.find("longer"), std::string::npos) << error;
 }
 
@@ -75,8 +91,8 @@ TEST_F(SocketDir, PrivateDirectoryOfTheUserIsAccepted) {
     EXPECT_TRUE(CheckSocketDir(dir_, geteuid(), &error)) << std::oct << mode << " " << error;
   }
   SocketAddress a;
-  EXPECT_TRUE(MakeSocketAddress(geteuid(), 9, dir_ + "/", &a, &error)) << error;
-  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(geteuid(), 9) + ".sock");
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(9), dir_ + "/", &a, &error)) << error;
+  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(geteuid(), SocketOwner::Pid(9)) + ".sock");
 }
 
 TEST_F(SocketDir, DirectoryOthersCanWriteIsRefused) {
@@ -99,7 +115,7 @@ TEST_F(SocketDir, DirectoryOthersCanWriteIsRefused) {
     // Both the listener and the client get their address through this.
     SocketAddress a;
     std::string make_error;
-    EXPECT_FALSE(MakeSocketAddress(geteuid(), 9, dir_, &a, &make_error));
+    EXPECT_FALSE(MakeSocketAddress(geteuid(), SocketOwner::Pid(9), dir_, &a, &make_error));
     EXPECT_EQ(make_error, error);
   }
 }
@@ -127,7 +143,7 @@ TEST_F(SocketDir, MissingDirectoryOrFileIsRefused) {
   EXPECT_NE(error.find("is not a directory"), std::string::npos) << error;
   // The abstract namespace has no directory to check.
   SocketAddress a;
-  EXPECT_TRUE(MakeSocketAddress(geteuid(), 9, "", &a, &error));
+  EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(9), "", &a, &error));
 }
 
 TEST_F(SocketDir, SymlinkToAPrivateDirectoryIsFollowed) {

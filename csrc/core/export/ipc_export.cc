@@ -208,6 +208,7 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   transport::ListenerOptions options;
   options.secret = state.secret;
   options.pid = state.pid;
+  options.instance = state.instance;  // names the socket: unique across pid namespaces
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
   options.max_workers = static_cast<int>(params.listener_threads);

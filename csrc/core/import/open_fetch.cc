@@ -88,7 +88,10 @@ CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
   const state::Vmm2Handle& h = open->handle;
   const auto fetch_start = SteadyClock::now();
   const config::Params& params = config::Get();
-  const transport::FetchRequest request{FieldsOf(h), h.capability};
+  // A version 3 handle's exporter listens under its instance; a version 2
+  // one (an older vmmipc) under its pid.
+  const uint32_t instance = h.version >= 3 ? h.instance : 0;
+  const transport::FetchRequest request{FieldsOf(h), h.capability, instance};
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
   open->fetched =

@@ -1,0 +1,92 @@
+// Containers on one host (issue 25): processes of one uid in pid namespaces
+// of their own share one network namespace (Kubernetes hostNetwork, docker
+// run --network host), and their small pids repeat from one to the next. An
+// exporter's socket is named by its random instance id (handles of version
+// 3), so two exporters of the same pid both export and an importer reaches
+// each; a version 2 handle (an older vmmipc) still names its exporter's
+// socket by pid.
+//
+// The pid namespaces are the test's own (PidNamespace: unshare, with a user
+// namespace around it where the test may not make one otherwise; skipped
+// where neither works). Simulator only: the real driver does not initialise
+// in a pid namespace made this way (H200, 2026-12-02).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "e2e_layout.h"
+#include "logged_peer_test.h"
+#include "peer_process.h"
+#include "state/handle_codec.h"
+
+namespace vmmipc::testing {
+namespace {
+
+state::Vmm2Handle Decode(const std::string& hex) {
+  unsigned char bytes[state::kHandleSize] = {};
+  for (size_t i = 0; i < state::kHandleSize && 2 * i + 1 < hex.size(); ++i)
+    bytes[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  state::Vmm2Handle h;
+  EXPECT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk) << hex;
+  return h;
+}
+
+std::string Encode(const state::Vmm2Handle& h) {
+  unsigned char bytes[state::kHandleSize];
+  state::EncodeHandle(h, bytes);
+  std::string hex;
+  char two[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(two, sizeof(two), "%02x", b);
+    hex += two;
+  }
+  return hex;
+}
+
+class Containers : public LoggedPeerTest {};
+
+TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
+  if (!Sim()) GTEST_SKIP() << "simulator only: the real driver does not start in a pid namespace";
+  std::string why;
+  auto first_namespace = PidNamespace::Create(&why);
+  if (first_namespace == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;
+  auto second_namespace = PidNamespace::Create(&why);
+  ASSERT_NE(second_namespace, nullptr) << why;
+  // Each the first process after its namespace's init: the same pid in both.
+  auto first = Peer("exporter-a", "0", {}, {first_namespace.get()});
+  auto second = Peer("exporter-b", "1", {}, {second_namespace.get()});
+  auto importer = Peer("importer", "2");
+  ASSERT_TRUE(first && second && importer);
+  const std::string a = Handle(*first, VmmBuffer(*first, "a", 1, 61));
+  const std::string b = Handle(*second, VmmBuffer(*second, "b", 1, 62));
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty()) << "the second exporter of that pid could not export";
+  const state::Vmm2Handle ha = Decode(a), hb = Decode(b);
+  EXPECT_EQ(ha.pid, hb.pid) << "the namespaces should give both exporters the same pid";
+  EXPECT_EQ(ha.version, state::kHandleVersion);
+  EXPECT_NE(ha.instance, hb.instance);
+  OpenCheckClose(*importer, a, kChunk, 61);
+  OpenCheckClose(*importer, b, kChunk, 62);
+}
+
+// A version 2 handle names its exporter's socket by pid, as an older vmmipc
+// listens: this build reads it and looks there (where a version 3 exporter
+// does not listen), and fails the open cleanly.
+TEST_F(Containers, AVersionTwoHandleIsReadAndLooksForItsExporterByPid) {
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 63));
+  state::Vmm2Handle old = Decode(handle);
+  old.version = 2;
+  const std::string reply = importer->Call("open " + Encode(old));
+  EXPECT_EQ(reply.rfind(ErrPrefix(CUDA_ERROR_INVALID_HANDLE), 0), 0u) << reply;
+  EXPECT_TRUE(LogShows(*importer, "nobody listens on @vmmipc." + std::to_string(geteuid()) + "." +
+                                      std::to_string(old.pid)))
+      << Log(*importer);
+  OpenCheckClose(*importer, handle, kChunk, 63);
+}
+
+}  // namespace
+}  // namespace vmmipc::testing
