@@ -11,6 +11,7 @@
 #include <random>
 
 #include "e2e_layout.h"
+#include "handle_hex.h"
 #include "peer_process.h"
 #include "state/handle_codec.h"
 
@@ -329,20 +330,9 @@ TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
   auto exporter = Peer("0");
   auto importer = Peer("1");
   uint64_t base = VmmBuffer(*exporter, "a", 1, 19);
-  std::string hex = Value(exporter->Call("get " + Hex(base)));
-  unsigned char bytes[64];
-  for (int i = 0; i < 64; ++i) bytes[i] = std::stoul(hex.substr(2 * i, 2), nullptr, 16);
-  state::Vmm2Handle h;
-  ASSERT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk);
+  state::Vmm2Handle h = Decode(Value(exporter->Call("get " + Hex(base))));
   h.version = state::kHandleVersion + 1;
-  state::EncodeHandle(h, bytes);
-  std::string future;
-  for (unsigned char b : bytes) {
-    char two[3];
-    std::snprintf(two, 3, "%02x", b);
-    future += two;
-  }
-  EXPECT_EQ(importer->Call("open " + future).substr(0, 7), "err 801");
+  EXPECT_EQ(importer->Call("open " + Encode(h)).substr(0, 7), "err 801");
 }
 
 // --- export arena -------------------------------------------------------------------------

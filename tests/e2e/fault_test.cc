@@ -38,32 +38,13 @@
 #include <vector>
 
 #include "e2e_layout.h"
+#include "handle_hex.h"
 #include "logged_peer_test.h"
 #include "peer_process.h"
 #include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
-
-state::Vmm2Handle Decode(const std::string& hex) {
-  unsigned char bytes[state::kHandleSize] = {};
-  for (size_t i = 0; i < state::kHandleSize && 2 * i + 1 < hex.size(); ++i)
-    bytes[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-  state::Vmm2Handle h;
-  EXPECT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk) << hex;
-  return h;
-}
-std::string Encode(const state::Vmm2Handle& h) {
-  unsigned char bytes[state::kHandleSize];
-  state::EncodeHandle(h, bytes);
-  std::string hex;
-  char two[3];
-  for (unsigned char b : bytes) {
-    std::snprintf(two, sizeof(two), "%02x", b);
-    hex += two;
-  }
-  return hex;
-}
 
 // One message with one descriptor attached (SCM_RIGHTS), as a hand-made
 // peer sends it; returns sendmsg's result.
