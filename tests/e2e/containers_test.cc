@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -66,6 +68,39 @@ TEST_F(Containers, AVersionTwoHandleIsReadAndLooksForItsExporterByPid) {
                                       std::to_string(old.pid)))
       << Log(*importer);
   OpenCheckClose(*importer, handle, kChunk, 63);
+}
+
+// Separate network namespaces (containers without --network=host): abstract
+// sockets do not cross them, so an importer in another one finds nobody
+// under the exporter's name and its open fails cleanly with that line;
+// VMMIPC_SOCKET_DIR on a directory both see is the way, and works.
+TEST_F(Containers, AnImporterInAnotherNetworkNamespaceNeedsTheSocketDirectory) {
+  std::string why;
+  if (!CanMakeNetworkNamespace(&why)) GTEST_SKIP() << "cannot make a network namespace: " << why;
+  PeerPlacement elsewhere;
+  elsewhere.own_network_namespace = true;
+  {
+    auto exporter = Peer("exporter", "0");
+    auto importer = Peer("importer", "1", {}, elsewhere);
+    ASSERT_TRUE(exporter && importer);
+    const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 64));
+    const Resources before = Held(*importer);
+    const std::string reply = importer->Call("open " + handle);
+    EXPECT_EQ(reply.rfind(ErrPrefix(CUDA_ERROR_INVALID_HANDLE), 0), 0u) << reply;
+    EXPECT_TRUE(LogShows(*importer, "nobody listens on @vmmipc.")) << Log(*importer);
+    EXPECT_EQ(Held(*importer), before);
+  }
+  char dir_template[] = "/tmp/vmmipc-netns-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::map<std::string, std::string> shared = {{"VMMIPC_SOCKET_DIR", dir_template}};
+  {
+    auto exporter = Peer("exporter-dir", "0", shared);
+    auto importer = Peer("importer-dir", "1", shared, elsewhere);
+    ASSERT_TRUE(exporter && importer);
+    const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "b", 1, 65));
+    OpenCheckClose(*importer, handle, kChunk, 65);
+  }
+  std::filesystem::remove_all(dir_template);
 }
 
 }  // namespace

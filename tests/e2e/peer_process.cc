@@ -83,6 +83,23 @@ bool WriteProcFile(const char* path, const char* text, size_t length) {
   return written;
 }
 
+}  // namespace
+
+bool CanMakeNetworkNamespace(std::string* why) {
+  const pid_t child = fork();
+  if (child == 0) _exit(unshare(CLONE_NEWNET) == 0 ? 0 : (errno & 0x7f));
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) {
+    *why = "fork or wait failed";
+    return false;
+  }
+  if (WEXITSTATUS(status) == 0) return true;
+  *why = "unshare(CLONE_NEWNET): " + ErrnoText(WEXITSTATUS(status));
+  return false;
+}
+
+namespace {
+
 // The forked child becomes the peer: its stdin and stdout are the pipes.
 [[noreturn]] void ExecPeer(int in, int out, char* const* envp) {
   dup2(in, STDIN_FILENO);
@@ -315,6 +332,9 @@ std::unique_ptr<PeerProcess> PeerProcess::Start(const std::map<std::string, std:
   if (placement.pid_namespace != nullptr) {
     pid = SpawnIn(placement, in[0], out[1], envp.data(), why);
   } else if ((pid = fork()) == 0) {
+    // The child's own network namespace: a failure is the peer's exit 126,
+    // which the test sees as a peer that does not answer.
+    if (placement.own_network_namespace && unshare(CLONE_NEWNET) != 0) _exit(126);
     ExecPeer(in[0], out[1], envp.data());
   } else if (pid < 0) {
     *why = "fork: " + ErrnoText(errno);

@@ -58,7 +58,14 @@ class PidNamespace {
 struct PeerPlacement {
   const PidNamespace* pid_namespace = nullptr;
   pid_t pid = 0;  // its pid in `pid_namespace` (clone3's set_tid); 0: the kernel's next one
+  // A network namespace of its own (unshare(CLONE_NEWNET) before exec; not with
+  // pid_namespace): no abstract socket of the test's namespace reaches it.
+  bool own_network_namespace = false;
 };
+
+// Whether this process may make a network namespace (tried in a child);
+// if not, why.
+bool CanMakeNetworkNamespace(std::string* why);
 
 class PeerProcess {
  public:
