@@ -8,8 +8,10 @@
 //
 // The pid namespaces are the test's own (PidNamespace: unshare, with a user
 // namespace around it where the test may not make one otherwise; skipped
-// where neither works). Simulator only: the real driver does not initialise
-// in a pid namespace made this way (H200, 2026-12-02).
+// where neither works). Their pid-namespace test is simulator-only: the real
+// driver's cuInit fails (304) in a pid namespace without a /proc of its own,
+// which these namespaces do not mount (docs/driver-behaviour.md#namespaces);
+// the network-namespace test runs on both.
 #include <gtest/gtest.h>
 
 #include <cstdio>
