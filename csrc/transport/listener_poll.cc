@@ -160,11 +160,11 @@ void Listener::Impl::AcceptFailed(int error) noexcept {
 }
 
 // Answers on the poll thread: the handler here (one export per chunk at
-// most, ~35 us, or a dup), and the reply too when it is one message, which a
-// fresh connection's socket buffer always takes at once. A handoff to a
-// worker would add a thread wake-up to every open (measured on the H200:
-// ~80 us per open). Longer replies are sent by a worker, since their sends
-// may wait on a peer that does not read.
+// most, or a dup), and the reply too when it is one message, which a fresh
+// connection's socket buffer always takes at once. A handoff to a worker
+// would add a thread wake-up to every open
+// (docs/driver-behaviour.md#thread-hand-off). Longer replies are sent by a
+// worker, since their sends may wait on a peer that does not read.
 void Listener::Impl::Answer(PendingRequest request) noexcept {
   ServeReply reply;
   if (!PrepareReply(request, context, &reply)) return;
