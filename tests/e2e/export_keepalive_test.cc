@@ -3,17 +3,17 @@
 // kept until it exits, so that the driver's export state outlives the unmap of
 // every exported chunk. And the fd table, grown for the exported-fd cache at
 // load time while the process has one thread (core/load_time.h), not later.
-// What is checked here is what a user can see: the anchor is made once, by the
+// What is checked here is what a user can see: the keep-alive is made once, by the
 // first export, whatever is mapped and unmapped later; it is one fd (and, on
 // the simulated driver, which backs memory with a memfd, one allocation and
 // its memfd) more than an exporter without it holds; with the switch off, or
 // when its making fails, nothing of it is left; the fd table (FDSize in
 // /proc/<pid>/status) is grown at load, and no share grows it; it is left
 // alone with VMMIPC_ENABLE=0 and when the library is loaded into a process
-// that already has threads. That the anchor keeps the driver's export state
-// (the ~600 us set-up skipped) and that a growth at load waits for no grace
-// period are costs, not behaviours: docs/benchmarks.md and
-// docs/driver-behaviour.md have them.
+// that already has threads. That the keep-alive keeps the driver's export
+// state (its set-up skipped) and that a growth at load waits for no grace
+// period are costs, not behaviours: docs/driver-behaviour.md#export-cliff and
+// #fd-table-growth have them.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
