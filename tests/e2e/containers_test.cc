@@ -8,10 +8,8 @@
 //
 // The pid namespaces are the test's own (PidNamespace: unshare, with a user
 // namespace around it where the test may not make one otherwise; skipped
-// where neither works). Their pid-namespace test is simulator-only: the real
-// driver's cuInit fails (304) in a pid namespace without a /proc of its own,
-// which these namespaces do not mount (docs/driver-behaviour.md#namespaces);
-// the network-namespace test runs on both.
+// where neither works). Each peer there gets a /proc of the namespace's own,
+// without which the real driver's cuInit fails (docs/driver-behaviour.md#namespaces).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -32,7 +30,6 @@ namespace {
 class Containers : public LoggedPeerTest {};
 
 TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
-  if (!Sim()) GTEST_SKIP() << "simulator only: the real driver does not start in a pid namespace";
   std::string why;
   auto first_namespace = PidNamespace::Create(&why);
   if (first_namespace == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;

@@ -42,10 +42,8 @@ class FollowHolders : public LoggedPeerTest {
   void SetUp() override {
     LoggedPeerTest::SetUp();
     if (IsSkipped()) return;
-    // What the exporter sends to whom is the protocol's, the same on any
-    // driver; the real one does not initialise in a pid namespace of its own
-    // (H200, 2026-12-02: CUDA_ERROR_OPERATING_SYSTEM, then NOT_INITIALIZED).
-    if (!Sim()) GTEST_SKIP() << "simulator only: the real driver does not start in a pid namespace";
+    // The peers in the pid namespace get a /proc of its own (peer_process.cc),
+    // which the real driver needs (docs/driver-behaviour.md#namespaces).
     std::string why;
     pid_namespace_ = PidNamespace::Create(&why);
     if (pid_namespace_ == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;

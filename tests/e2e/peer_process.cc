@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -152,7 +153,17 @@ pid_t SpawnIn(const PeerPlacement& placement, int in, int out, char* const* envp
     if (user_ns >= 0 && setns(user_ns, CLONE_NEWUSER) != 0) answer(1, errno);
     if (setns(pid_ns, CLONE_NEWPID) != 0) answer(2, errno);
     const long peer = chosen != 0 ? syscall(SYS_clone3, &args, sizeof(args)) : fork();
-    if (peer == 0) ExecPeer(in, out, envp);
+    if (peer == 0) {
+      // A /proc of the namespace's own, as a container runtime mounts one: the
+      // real driver's cuInit fails (304) where /proc is the parent's
+      // (docs/driver-behaviour.md#namespaces). In a mount namespace of the
+      // peer's, made private first so that nothing propagates to the test's.
+      // Where that is refused the peer runs with the parent's /proc.
+      if (unshare(CLONE_NEWNS) == 0 &&
+          mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0)
+        (void)mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+      ExecPeer(in, out, envp);
+    }
     if (peer < 0) answer(3, errno);
     answer(0, static_cast<int>(peer));
   }
