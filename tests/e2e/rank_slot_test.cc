@@ -199,6 +199,41 @@ TEST_F(RankSlot, TwoExportersOnOneGpuNeverShareTheSlotAndOneWarningNamesBoth) {
   for (uint64_t p : {pb, pc, pd}) EXPECT_EQ(importer->Call("close " + Hex(p)), "ok");
 }
 
+// Containers that each see only their own GPU (issue 25 item 5): the
+// runtime's /proc/driver/nvidia/gpus lists that one GPU, so each exporter
+// finds itself GPU 0 of 1, on whichever GPU of the host it runs. The second
+// of them to be opened is placed best-effort with the one warning naming
+// both and the fix; never silently on the first's addresses.
+TEST_F(RankSlot, ContainersThatEachSeeOneGpuAllTakeSlotZeroAndTheCollisionIsNamed) {
+  for (const char* gpu : {"0000:11:00.0", "0000:13:00.0"})
+    fs::create_directories(dir_ / (std::string("only-") + gpu) / gpu);
+  auto first = Worker("first", "1", {{"VMMIPC_HOST_GPUS", (dir_ / "only-0000:11:00.0").string()}});
+  auto second =
+      Worker("second", "3", {{"VMMIPC_HOST_GPUS", (dir_ / "only-0000:13:00.0").string()}});
+  auto importer = Importer();
+  ASSERT_TRUE(first && second && importer);
+  const std::string a = Share(*first, "a", 1, 55);
+  const std::string b = Share(*second, "b", 1, 56);
+  EXPECT_EQ(SlotOf(*first, a), "0");
+  EXPECT_EQ(SlotOf(*second, b), "0");
+  EXPECT_NE(Log(*second).find("rank slot 0 from the GPU"), std::string::npos) << Log(*second);
+  EXPECT_NE(Log(*second).find("GPU 0 of 1 on this host"), std::string::npos) << Log(*second);
+  const uint64_t pa = Num(Value(importer->Call("open " + a)));
+  const uint64_t pb = Num(Value(importer->Call("open " + b)));
+  ASSERT_TRUE(pa && pb);
+  EXPECT_EQ(pa, kZoneBase);
+  EXPECT_FALSE(InZone(pb)) << Hex(pb);
+  EXPECT_EQ(importer->Call("check " + Hex(pa) + " " + Hex(kChunk) + " 55"), "ok");
+  EXPECT_EQ(importer->Call("check " + Hex(pb) + " " + Hex(kChunk) + " 56"), "ok");
+  const std::string log = Log(*importer);
+  EXPECT_EQ(Count(log, "rank slot 0 already serves pid " + std::to_string(first->pid()) +
+                           ", and pid " + std::to_string(second->pid()) + " claims it too"),
+            1u)
+      << log;
+  EXPECT_NE(log.find("set VMMIPC_RANK"), std::string::npos) << log;
+  for (uint64_t p : {pa, pb}) EXPECT_EQ(importer->Call("close " + Hex(p)), "ok");
+}
+
 TEST_F(RankSlot, WithoutAHostListTheExporterIsUnrankedWithOneInfoLine) {
   auto exporter = Worker("exporter", "2", {{"VMMIPC_HOST_GPUS", (dir_ / "missing").string()}});
   auto importer = Importer();
