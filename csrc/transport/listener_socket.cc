@@ -20,6 +20,8 @@ namespace {
 
 constexpr int kBacklog = 256;
 
+void (*g_bound_hook)(const std::string& path) = nullptr;
+
 // Prepares a filesystem socket path: a socket file left by a dead process
 // (connect is refused) is removed; a live one, or any other kind of file, is
 // left alone and reported.
@@ -63,7 +65,9 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
 // would otherwise stay for good. Only "vmmipc.<uid>.i<8 hex>.sock" sockets of
 // our uid, refused at connect (a live listener accepts; one that is merely
 // slow is left), and only while the path still names the inode looked at.
-// Bounded: the first 1024 entries of the directory.
+// Bounded as a whole, not per file: the first 1024 entries of the directory,
+// and 100 ms for every probe together (a refused connect returns at once;
+// one that would wait for a live listener's full backlog spends the rest).
 void SweepDeadSocketFiles(const SocketAddress& own) {
   const size_t slash = own.path.rfind('/');
   if (slash == std::string::npos) return;
@@ -72,8 +76,9 @@ void SweepDeadSocketFiles(const SocketAddress& own) {
   DIR* listing = ::opendir(dir.c_str());
   if (listing == nullptr) return;
   size_t seen = 0;
+  const Deadline deadline = Deadline::AfterMs(100);
   while (const dirent* entry = ::readdir(listing)) {
-    if (++seen > 1024) break;
+    if (++seen > 1024 || deadline.Expired()) break;
     const std::string_view name(entry->d_name);
     if (name.size() != prefix.size() + 8 + 5 || name.substr(0, prefix.size()) != prefix ||
         name.substr(name.size() - 5) != ".sock")
@@ -87,7 +92,7 @@ void SweepDeadSocketFiles(const SocketAddress& own) {
     SocketAddress address = own;
     std::memcpy(address.sockaddr.sun_path, path.c_str(), path.size() + 1);
     ScopedFd probe;
-    const IoResult io = ConnectSeqpacket(address, Deadline::AfterMs(50), &probe);
+    const IoResult io = ConnectSeqpacket(address, deadline, &probe);
     if (io.ok() || io.status != IoStatus::kError || io.error != ECONNREFUSED) continue;
     struct stat now {};
     if (::lstat(path.c_str(), &now) != 0 || now.st_dev != before.st_dev ||
@@ -131,14 +136,23 @@ bool BindListeningSocket(const SocketAddress& address, ScopedFd* fd, BoundSocket
     *error = fmt::format("listener {}: fchmod: {}", address.display, ErrnoText(errno));
     return false;
   }
-  if (!Bind(address, fd->get(), error)) return false;
-  // From here the file is removed at the listener's Stop() (its start's
-  // failures included) and at the process's exit, while it is still the one bound.
-  if (!address.abstract && !file->Adopt(address.path))
-    VMMIPC_LOG_WARN(
-        "listener {}: the socket file is not the one bind() made any more; it is left "
-        "alone, at stop and at exit",
-        address.display);
+  // A filesystem socket is bound under a name of the same length that no
+  // sweep looks at (".bind" for ".sock") and gets its own name only once it
+  // listens: a file under a listener's name is always one that accepts, so
+  // another process's sweep (which removes files whose connect is refused)
+  // never takes the file of a listener that is starting. A process killed in
+  // between leaves the ".bind" file (the next start of that name clears it).
+  SocketAddress bound = address;
+  if (!address.abstract) {
+    bound.path.replace(bound.path.size() - 5, 5, ".bind");
+    std::memcpy(bound.sockaddr.sun_path, bound.path.c_str(), bound.path.size() + 1);
+    if (::unlink(bound.path.c_str()) != 0 && errno != ENOENT) {
+      *error = fmt::format("cannot remove {}: {}", bound.path, ErrnoText(errno));
+      return false;
+    }
+  }
+  if (!Bind(bound, fd->get(), error)) return false;
+  if (g_bound_hook != nullptr && !address.abstract) g_bound_hook(address.path);
   // Nothing we are sent may carry fds: have the kernel refuse them outright
   // where it can (Linux 6.16+); elsewhere serve_connection never takes them.
   const bool refuses_fds = RefuseIncomingFds(fd->get());
@@ -146,9 +160,30 @@ bool BindListeningSocket(const SocketAddress& address, ScopedFd* fd, BoundSocket
                    refuses_fds ? "off: the kernel refuses fds sent to us" : "not supported");
   if (::listen(fd->get(), kBacklog) != 0) {
     *error = fmt::format("listener {}: listen: {}", address.display, ErrnoText(errno));
+    if (!address.abstract) (void)::unlink(bound.path.c_str());
     return false;
   }
+  if (address.abstract) return true;
+  // The socket's own name, without replacing anything put there meanwhile
+  // (link fails with EEXIST where rename would replace).
+  const bool named = ::link(bound.path.c_str(), address.path.c_str()) == 0;
+  const int link_error = errno;
+  (void)::unlink(bound.path.c_str());
+  if (!named) {
+    *error =
+        fmt::format("listener {}: naming the socket: {}", address.display, ErrnoText(link_error));
+    return false;
+  }
+  // From here the file is removed at the listener's Stop() (its start's
+  // failures included) and at the process's exit, while it is still the one bound.
+  if (!file->Adopt(address.path))
+    VMMIPC_LOG_WARN(
+        "listener {}: the socket file is not the one bind() made any more; it is left "
+        "alone, at stop and at exit",
+        address.display);
   return true;
 }
+
+void SetBoundHookForTesting(void (*hook)(const std::string& path)) { g_bound_hook = hook; }
 
 }  // namespace vmmipc::transport

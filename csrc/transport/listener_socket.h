@@ -1,8 +1,9 @@
 // The listener's socket: made non-blocking and CLOEXEC, bound to its name
-// (on a filesystem path, a stale file of a dead process cleared first, the
-// file 0600 from birth and adopted for its removal: socket_file.h), asked to
-// refuse fds sent to it, and listening. Owns nothing after it returns: the
-// listener holds the fd and the socket file.
+// (on a filesystem path: a stale file of a dead process cleared first, the
+// dead files of the directory swept, the file 0600 from birth, bound under a
+// ".bind" name and given its own once it listens, then adopted for its
+// removal: socket_file.h), asked to refuse fds sent to it, and listening. Owns nothing after it
+// returns: the listener holds the fd and the socket file.
 #pragma once
 
 #include <string>
@@ -19,5 +20,10 @@ namespace vmmipc::transport {
 // (what was made so far stays in `*fd` and `*file` for their owner to close).
 bool BindListeningSocket(const SocketAddress& address, ScopedFd* fd, BoundSocketFile* file,
                          std::string* error);
+
+// Tests only: called on a filesystem socket's start after its bind and
+// before it listens (with the name it will get), a hold point for what
+// another process may do meanwhile.
+void SetBoundHookForTesting(void (*hook)(const std::string& path));
 
 }  // namespace vmmipc::transport

@@ -23,6 +23,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_summary import read_summary  # noqa: E402
+
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(SOURCE_DIR, "scripts", "framework-check.sh")
 OPTIONS = argparse.Namespace(lib=None)
@@ -151,13 +154,7 @@ class FrameworkCheckTest(unittest.TestCase):
             args = ["--vllm-src", self.sources, "--deepep-src", self.sources]
         result = subprocess.run(["bash", SCRIPT, "--lib", OPTIONS.lib, "--out", out] + args,
                                 env=env, capture_output=True, text=True, timeout=120)
-        with open(os.path.join(out, "summary.md")) as handle:
-            summary = handle.read()
-        rows = {}
-        for line in summary.splitlines():
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if len(cells) == 4 and cells[1] in ("PASS", "FAIL", "SKIP", "TIMEOUT", "MISSED"):
-                rows[cells[0]] = (cells[1], cells[2])
+        summary, rows = read_summary(out)
         return result, summary, rows
 
     def test_everything_as_expected(self):

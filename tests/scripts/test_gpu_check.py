@@ -20,6 +20,9 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_summary import read_summary  # noqa: E402
+
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RUNNER = os.path.join(SOURCE_DIR, "scripts", "gpu_check")
 
@@ -133,13 +136,7 @@ class GpuCheckTest(unittest.TestCase):
         result = subprocess.run(argv or [sys.executable, RUNNER, "gpu", self.out], env=env,
                                 cwd=self.tmp.name, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
-        with open(os.path.join(self.out, "summary.md")) as handle:
-            summary = handle.read()
-        rows = {}
-        for line in summary.splitlines():
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if len(cells) == 4 and cells[1] in ("PASS", "FAIL", "SKIP", "TIMEOUT", "MISSED"):
-                rows[cells[0]] = (cells[1], cells[2])
+        summary, rows = read_summary(self.out)
         return result, summary, rows
 
     def all_calls(self):

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -31,6 +32,7 @@
 #include "transport/fd_channel.h"
 #include "transport/fd_reaper.h"
 #include "transport/listener.h"
+#include "transport/listener_socket.h"
 #include "transport/peer_client.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
@@ -706,6 +708,50 @@ TEST_F(TransportListenerFs, FilesystemSocketIsRemovedAtExitButNotByAForkedChilds
 
 // Only the inode bound is removed: a file put in its place meanwhile (by the
 // user: nobody else can write the directory) stays, at stop as at exit.
+// Two listeners starting at once in one directory (every rank of a node at
+// its first export): a listener's start removes the socket files nobody
+// accepts on, and one that is starting, bound but not yet listening, must
+// not be one of them. The hold point starts the second listener, and so its
+// sweep, right after the first one's bind: the first is reached all the same.
+std::string g_second_dir;
+std::unique_ptr<Listener>* g_second = nullptr;
+void StartSecondListener(const std::string& first_path) {
+  static bool started = false;  // the second start reaches this hold point too
+  if (g_second == nullptr || started) return;
+  started = true;
+  struct stat st {};
+  EXPECT_NE(lstat(first_path.c_str(), &st), 0) << "the name is taken before it listens";
+  ListenerOptions options = Options(FakePid(), 200, g_second_dir);
+  options.instance = 0x5b000002u;
+  std::string error;
+  *g_second = Listener::Start(options, ChunksHandler(1), &error);
+  EXPECT_NE(*g_second, nullptr) << error;
+}
+
+TEST_F(TransportListenerFs, AListenerThatIsStartingIsNotSweptByAnother) {
+  std::unique_ptr<Listener> second;
+  g_second_dir = dir_;
+  g_second = &second;
+  SetBoundHookForTesting(StartSecondListener);
+  const uint32_t pid = FakePid();
+  ListenerOptions options = Options(pid, 200, dir_);
+  options.instance = 0x5b000001u;
+  auto first = MustStart(options, ChunksHandler(1));
+  SetBoundHookForTesting(nullptr);
+  g_second = nullptr;
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  FetchRequest request = Request(pid);
+  request.exporter_instance = 0x5b000001u;
+  const FetchResult reached = FetchChunks(request, Client(1000, dir_));
+  EXPECT_EQ(reached.status, FetchStatus::kOk) << reached.detail;
+  first.reset();
+  second.reset();
+  size_t left = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir_)) ++left;
+  EXPECT_EQ(left, 0u) << "a socket file or a .bind file was left behind";
+}
+
 TEST_F(TransportListenerFs, AFileThatReplacedTheSocketIsNotRemoved) {
   const uint32_t pid = FakePid();
   const std::string path = PathFor(pid);
