@@ -14,6 +14,7 @@
 #include "core/import/placement.h"
 #include "core/real.h"
 #include "core/stats.h"
+#include "transport/fd_channel.h"
 
 namespace vmmipc::core {
 namespace {
@@ -21,7 +22,7 @@ namespace {
 std::string PidList(const std::vector<std::pair<uint32_t, uint32_t>>& followers) {
   std::string out;
   for (const auto& [follower, pid] : followers)
-    out += (out.empty() ? "" : ", ") + std::to_string(pid);
+    out += (out.empty() ? "" : ", ") + transport::PeerPidText(pid);
   return out;
 }
 
@@ -37,7 +38,7 @@ transport::NotifyResult Notify(ProcessState& state,
   if (!result.newly_lagging.empty()) {
     stats::Count(stats::Counter::kFollowUnanswered, result.newly_lagging.size());
     VMMIPC_LOG_WARN(
-        "follow: importer pid {} did not answer the {} of {} chunk(s) from 0x{:x} within {} ms "
+        "follow: importer {} did not answer the {} of {} chunk(s) from 0x{:x} within {} ms "
         "(stopped or hung?); not waiting for it again until it answers, then it is sent what "
         "it missed",
         PidList(result.newly_lagging), what, notices.size(), notices.front().base, timeout_ms);

@@ -114,8 +114,8 @@ std::optional<ExporterId> ImportTable::SlotOwner(uint32_t slot) const {
   return it->second.exporter;
 }
 
-bool ImportTable::FirstCollision(uint32_t slot, uint32_t pid) {
-  return collisions_warned_.emplace(slot, pid).second;
+bool ImportTable::FirstCollision(uint32_t slot, const ExporterId& exporter) {
+  return collisions_warned_.emplace(slot, exporter).second;
 }
 
 std::vector<MappedChunk> ImportTable::Pause(const ExporterId& exporter, uint64_t exporter_address,

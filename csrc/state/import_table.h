@@ -118,9 +118,10 @@ class ImportTable {
   // The exporter that zone slot `slot` serves (it has opens placed there);
   // nullopt when the slot is free.
   std::optional<ExporterId> SlotOwner(uint32_t slot) const;
-  // True the first time exporter pid `pid` is turned away from `slot`: the
-  // warning is said once per pair.
-  bool FirstCollision(uint32_t slot, uint32_t pid);
+  // True the first time `exporter` is turned away from `slot`: the warning
+  // is said once per pair. By exporter, not pid: two containers' exporters
+  // can share one pid, and each is worth its warning.
+  bool FirstCollision(uint32_t slot, const ExporterId& exporter);
 
   // Follow. The chunks of `exporter` at its address `exporter_address` and
   // `generation` that are mapped: marked paused and returned (core unmaps them).
@@ -152,7 +153,7 @@ class ImportTable {
     size_t opens = 0;  // open records placed in the slot
   };
   std::map<uint32_t, SlotUse> slots_;
-  std::set<std::pair<uint32_t, uint32_t>> collisions_warned_;  // (slot, pid)
+  std::set<std::pair<uint32_t, ExporterId>> collisions_warned_;  // (slot, exporter)
 };
 
 }  // namespace vmmipc::state

@@ -161,6 +161,7 @@ void WriteSockets(const SocketVerdict& v, Json* json) {
   json->Field("pattern", v.pattern);
   json->Field("network_namespace", v.network_namespace);
   json->Field("uid", static_cast<int64_t>(v.uid));
+  json->Field("name_uid", static_cast<int64_t>(v.name_uid));
   json->Field("usable", v.usable);
   json->FieldOrNull("problem", v.problem.empty() ? std::nullopt : std::optional(v.problem));
   json->FieldOrNull("why", v.why.empty() ? std::nullopt : std::optional(v.why));

@@ -17,6 +17,7 @@
 #include "common/scoped_fd.h"
 #include "common/syscall.h"
 #include "transport/socket_address.h"
+#include "transport/socket_uid.h"
 
 namespace vmmipc::tool {
 namespace {
@@ -51,7 +52,7 @@ void JudgeAbstract(SocketVerdict* verdict) {
   transport::SocketAddress address;
   std::string error;
   const uint32_t instance = SampleInstance();
-  if (!transport::NameSocketAddress(verdict->uid, transport::SocketOwner::Instance(instance), "",
+  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance), "",
                                     &address, &error)) {
     verdict->problem = "bind_failed";
     verdict->why = error;
@@ -86,13 +87,13 @@ void JudgeDirectory(SocketVerdict* verdict) {
   // Every exporter's path has the same length: when one fits, all do.
   const uint32_t instance = SampleInstance();
   transport::SocketAddress address;
-  if (!transport::NameSocketAddress(verdict->uid, transport::SocketOwner::Instance(instance), dir,
+  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance), dir,
                                     &address, &error)) {
     verdict->problem = "too_long";
     verdict->why = error;
     verdict->pattern = Pattern(
         dir + "/" +
-            transport::SocketBaseName(verdict->uid, transport::SocketOwner::Instance(instance)) +
+            transport::SocketBaseName(verdict->name_uid, transport::SocketOwner::Instance(instance)) +
             ".sock",
         instance);
     return;
@@ -109,6 +110,7 @@ SocketVerdict JudgeSockets(const std::string& socket_dir, uint32_t uid) {
   verdict.abstract = socket_dir.empty();
   verdict.dir = socket_dir;
   verdict.uid = uid;
+  verdict.name_uid = transport::SocketNameUid(uid);
   verdict.network_namespace = NetworkNamespace();
   verdict.path_limit = sizeof(sockaddr_un::sun_path) - 1;
   if (verdict.abstract)

@@ -16,6 +16,7 @@ struct SocketVerdict {
   std::string pattern;            // "@vmmipc.<uid>.i<instance>" or "<dir>/vmmipc.<uid>.i<instance>.sock"
   std::string network_namespace;  // "net:[4026531840]", or "unknown"
   uint32_t uid = 0;
+  uint32_t name_uid = 0;  // the uid in the names: as the parent user namespace sees `uid`
   bool usable = false;
   // Empty when usable; else one of missing, not_directory, not_private,
   // not_writable, too_long (directories), bind_failed (abstract names).

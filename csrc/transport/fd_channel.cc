@@ -3,6 +3,7 @@
 // one deadline spans a whole exchange and a stop fd can interrupt any wait.
 #include "transport/fd_channel.h"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -102,6 +103,10 @@ IoResult GetPeerCredentials(int fd, PeerCredentials* out) {
   out->uid = cred.uid;
   out->gid = cred.gid;
   return {};
+}
+
+std::string PeerPidText(uint32_t pid) {
+  return pid != 0 ? fmt::format("pid {}", pid) : "pid ? (outside this pid namespace)";
 }
 
 IoResult WaitFor(int fd, short events, const Deadline& deadline, int stop_fd) {

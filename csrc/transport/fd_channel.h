@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/scoped_fd.h"
@@ -56,6 +57,11 @@ struct PeerCredentials {
 // SO_PEERCRED: the peer's credentials as the kernel recorded them at connect()
 // (for the client: at the server's listen()), in this process's namespaces.
 IoResult GetPeerCredentials(int fd, PeerCredentials* out);
+// A peer's pid for log lines: "pid 123"; SO_PEERCRED's pid 0, a process
+// outside this process's pid namespace (a host process, to a listener in a
+// container), reads "pid ? (outside this pid namespace)". Nothing in the
+// protocol uses the pid: it only tells people which process it was.
+std::string PeerPidText(uint32_t pid);
 
 // Waits until `fd` reports one of `events` (or an error/hangup), the deadline
 // passes, or `stop_fd` (if >= 0) becomes readable.

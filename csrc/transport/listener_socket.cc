@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/syscall.h"
 #include "transport/fd_channel.h"
+#include "transport/socket_uid.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -72,7 +73,7 @@ void SweepDeadSocketFiles(const SocketAddress& own) {
   const size_t slash = own.path.rfind('/');
   if (slash == std::string::npos) return;
   const std::string dir = slash == 0 ? "/" : own.path.substr(0, slash);
-  const std::string prefix = fmt::format("vmmipc.{}.i", ::geteuid());
+  const std::string prefix = fmt::format("vmmipc.{}.i", SocketNameUid(::geteuid()));
   DIR* listing = ::opendir(dir.c_str());
   if (listing == nullptr) return;
   size_t seen = 0;

@@ -19,6 +19,7 @@
 #include "transport/fd_reaper.h"
 #include "transport/peer_fds.h"
 #include "transport/socket_address.h"
+#include "transport/socket_uid.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {
@@ -113,6 +114,27 @@ FetchResult BatchFailure(FetchStatus status, const Batch& batch, const Fetch& fe
   return Fail(status, fmt::format("{} from {}: {}", batch.what, fetch.address.display, why));
 }
 
+// Why nobody may listen under the exporter's name, in the order they happen:
+// it exited; it runs in another network namespace (a container without
+// --network=host: abstract names do not cross, a shared VMMIPC_SOCKET_DIR
+// does) or uses another socket directory; it runs as another user (of the
+// host, once user namespaces are mapped: socket_uid.h).
+std::string NoListenerReasons(const Fetch& fetch) {
+  const uint32_t name_uid = SocketNameUid(fetch.uid);
+  std::string user = fmt::format("or runs as another uid than {}", name_uid);
+  if (name_uid != fetch.uid) {
+    user += fmt::format(" (this process is uid {} in a user namespace, uid {} outside it)",
+                        fetch.uid, name_uid);
+  }
+  const std::string where =
+      fetch.address.abstract
+          ? "or runs in another network namespace, which abstract socket names do not reach "
+            "(set VMMIPC_SOCKET_DIR to a directory both processes see)"
+          : "or uses another VMMIPC_SOCKET_DIR";
+  return fmt::format("the exporter (pid {} as its own pid namespace numbers it) has exited, {}, {}",
+                     fetch.request.handle.exporter_pid, where, user);
+}
+
 // Connects to the name of the handle's exporter (its instance; a version 2
 // handle: its pid), then checks who holds it before
 // saying anything to it: another user's process squatting the name gets not
@@ -129,10 +151,9 @@ Ended Connect(Fetch& fetch) {
   if (IoResult io = ConnectSeqpacket(fetch.address, fetch.deadline, &fetch.sock); !io.ok()) {
     if (io.status == IoStatus::kError &&
         (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
-      return Fail(
-          FetchStatus::kNoExporter,
-          fmt::format("nobody listens on {} (exporter pid {} exited?): {}", fetch.address.display,
-                      fetch.request.handle.exporter_pid, ErrnoText(io.error)));
+      return Fail(FetchStatus::kNoExporter,
+                  fmt::format("nobody listens on {}: {}; {}", fetch.address.display,
+                              ErrnoText(io.error), NoListenerReasons(fetch)));
     }
     return IoFailure(io, "connecting", fetch);
   }
@@ -143,8 +164,8 @@ Ended Connect(Fetch& fetch) {
   }
   if (server.uid != fetch.uid) {
     return Fail(FetchStatus::kUnauthentic,
-                fmt::format("{} is held by pid {} of uid {}, not by our uid {}",
-                            fetch.address.display, server.pid, server.uid, fetch.uid));
+                fmt::format("{} is held by {} of uid {}, not by our uid {}",
+                            fetch.address.display, PeerPidText(server.pid), server.uid, fetch.uid));
   }
   return std::nullopt;
 }

@@ -53,8 +53,8 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
                  RefuseReason reason, const std::string& why, int send_ms) {
   if (context.events.refused != nullptr) context.events.refused(reason);
   if (MayLog(context.name))
-    VMMIPC_LOG_WARN("listener {}: refused peer pid {} uid {} for address {:#x}: {} ({})",
-                    context.name, peer.pid, peer.uid, address, RefuseReasonName(reason), why);
+    VMMIPC_LOG_WARN("listener {}: refused peer {} uid {} for address {:#x}: {} ({})",
+                    context.name, PeerPidText(peer.pid), peer.uid, address, RefuseReasonName(reason), why);
   wire::ReplyHeader header;
   header.status = static_cast<uint16_t>(reason);
   header.total_chunks = 0;
@@ -63,7 +63,7 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
   const std::vector<uint8_t> bytes = wire::EncodeReply(nonce, key, header, {});
   if (IoResult io = SendMessage(fd, bytes, {}, Deadline::AfterMs(send_ms), context.stop_fd);
       !io.ok()) {
-    VMMIPC_LOG_DEBUG("listener {}: refusal to pid {} not delivered: {}", context.name, peer.pid,
+    VMMIPC_LOG_DEBUG("listener {}: refusal to {} not delivered: {}", context.name, PeerPidText(peer.pid),
                      IoStatusName(io.status));
   }
 }
@@ -121,15 +121,15 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
     header.batch_count = batches;
     const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, p.key, header, entries);
     if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
-      VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer pid {} failed: {} ({})",
-                      context.name, batch, batches, p.peer.pid, IoStatusName(io.status),
+      VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer {} failed: {} ({})",
+                      context.name, batch, batches, PeerPidText(p.peer.pid), IoStatusName(io.status),
                       io.error != 0 ? ErrnoText(io.error) : "no errno");
       return false;
     }
   }
   if (context.events.granted != nullptr) context.events.granted(total);
-  VMMIPC_LOG_DEBUG("listener {}: granted {} chunks in {} batches to peer pid {} for address {:#x}",
-                   context.name, total, batches, p.peer.pid, p.request.address);
+  VMMIPC_LOG_DEBUG("listener {}: granted {} chunks in {} batches to peer {} for address {:#x}",
+                   context.name, total, batches, PeerPidText(p.peer.pid), p.request.address);
   return true;
 }
 
@@ -177,8 +177,8 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   if (io.status == IoStatus::kTimeout) return ReadOutcome::kWaiting;
   if (!io.ok()) {
     if (MayLog(context.name))
-      VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: no request ({}{})", context.name,
-                      c.peer.pid, c.peer.uid, IoStatusName(io.status),
+      VMMIPC_LOG_WARN("listener {}: dropped peer {} uid {}: no request ({}{})", context.name,
+                      PeerPidText(c.peer.pid), c.peer.uid, IoStatusName(io.status),
                       io.error != 0 ? fmt::format(": {}", ErrnoText(io.error)) : std::string());
     Dropped(context);
     Close(std::move(c.fd), context);
@@ -196,8 +196,8 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   if (wire::WireError e = wire::ParseRequestPreamble(bytes, &preamble); e != wire::WireError::kOk) {
     // Without a preamble there is no nonce to MAC a refusal with: just hang up.
     if (MayLog(context.name))
-      VMMIPC_LOG_WARN("listener {}: dropped peer pid {} uid {}: not a vmmipc request ({}{})",
-                      context.name, c.peer.pid, c.peer.uid, wire::WireErrorName(e),
+      VMMIPC_LOG_WARN("listener {}: dropped peer {} uid {}: not a vmmipc request ({}{})",
+                      context.name, PeerPidText(c.peer.pid), c.peer.uid, wire::WireErrorName(e),
                       message.carries_fds ? ", with fds attached" : "");
     Dropped(context);
     Close(std::move(c.fd), context);
@@ -295,9 +295,9 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
   const bool same_user = connection.peer.uid == context.uid;
   if (MayLog(context.name))
     VMMIPC_LOG_WARN(
-        "listener {}: dropped peer pid {} uid {}: no request (timed out after {} "
+        "listener {}: dropped peer {} uid {}: no request (timed out after {} "
         "ms{})",
-        context.name, connection.peer.pid, connection.peer.uid,
+        context.name, PeerPidText(connection.peer.pid), connection.peer.uid,
         same_user ? context.timeout_ms : std::min(context.timeout_ms, kOtherUserGraceMs),
         same_user ? "" : ", another user's grace");
   Dropped(context);
@@ -307,8 +307,8 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
 void DropOverCap(Connection connection, const ServeContext& context,
                  const std::string& why) noexcept {
   if (MayLog(context.name))
-    VMMIPC_LOG_WARN("listener {}: closed peer pid {} uid {} at once: {}", context.name,
-                    connection.peer.pid, connection.peer.uid, why);
+    VMMIPC_LOG_WARN("listener {}: closed peer {} uid {} at once: {}", context.name,
+                    PeerPidText(connection.peer.pid), connection.peer.uid, why);
   Dropped(context);
   Close(std::move(connection.fd), context);
 }
@@ -322,10 +322,10 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
                                                   request.key, request.nonce);
       if (!request.watcher && MayLog(context.name))
         VMMIPC_LOG_WARN(
-            "listener {}: importer pid {} asked to follow this process, but {} watch connections "
+            "listener {}: importer {} asked to follow this process, but {} watch connections "
             "are kept already, the most this process's free fds allow: it is answered without "
             "one, and does not follow pauses of what it is granted",
-            context.name, request.peer.pid, context.watchers->count());
+            context.name, PeerPidText(request.peer.pid), context.watchers->count());
     }
     if (Prepare(request, context, reply)) return true;
   } catch (const std::exception& e) {
@@ -342,8 +342,8 @@ void SendReply(PendingRequest request, ServeReply reply, const ServeContext& con
   try {
     if (SendGrants(request, context, reply.chunks) && request.watcher) {
       context.watchers->Activate(request.watcher, std::move(request.fd));
-      VMMIPC_LOG_DEBUG("listener {}: importer pid {} watches this process", context.name,
-                       request.peer.pid);
+      VMMIPC_LOG_DEBUG("listener {}: importer {} watches this process", context.name,
+                       PeerPidText(request.peer.pid));
       return;
     }
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/syscall.h"
+#include "transport/socket_uid.h"
 
 namespace vmmipc::transport {
 
@@ -84,7 +85,10 @@ bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error) {
 
 bool MakeSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error) {
-  if (!NameSocketAddress(uid, owner, socket_dir, out, error)) return false;
+  // Named by the uid the parent user namespace sees (socket_uid.h), so that
+  // a rootless container's process and the host's agree; the directory's
+  // owner is checked against the uid this process sees (stat maps it too).
+  if (!NameSocketAddress(SocketNameUid(uid), owner, socket_dir, out, error)) return false;
   // Checked on every use, not once: the directory can change under a
   // long-running process, and a stat costs little next to a connection.
   return out->abstract || CheckSocketDir(socket_dir, uid, error);

@@ -56,9 +56,10 @@ bool NameSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socke
 // Fills `error` with the reason when not.
 bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error);
 
-// What the listener and the client use: NameSocketAddress, then, for a
-// filesystem socket, CheckSocketDir(socket_dir, uid). `uid` is the caller's
-// effective uid.
+// What the listener and the client use: NameSocketAddress by
+// SocketNameUid(uid) (the uid of the parent user namespace: socket_uid.h),
+// then, for a filesystem socket, CheckSocketDir(socket_dir, uid). `uid` is
+// the caller's effective uid.
 bool MakeSocketAddress(uint32_t uid, SocketOwner owner, const std::string& socket_dir,
                        SocketAddress* out, std::string* error);
 

@@ -43,8 +43,8 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
       return;
     }
     if (would_block) return;
-    VMMIPC_LOG_DEBUG("follow: importer pid {} was told to drop its mappings of this process",
-                     watcher.pid);
+    VMMIPC_LOG_DEBUG("follow: importer {} was told to drop its mappings of this process",
+                     PeerPidText(watcher.pid));
     watcher.lagging = false;
     watcher.dead = true;  // the caller drops it
     return;
@@ -97,7 +97,7 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
   }
   if (!watcher.backlog.empty()) return;  // stale entries wait for their notice
   watcher.lagging = false;
-  VMMIPC_LOG_INFO("follow: importer pid {} answers again and was sent what it missed", watcher.pid);
+  VMMIPC_LOG_INFO("follow: importer {} answers again and was sent what it missed", PeerPidText(watcher.pid));
 }
 
 }  // namespace vmmipc::transport

@@ -37,8 +37,8 @@ bool Watchers::SendEvent(Watcher& watcher, const wire::Event& event, int fd, int
   if (*would_block) return true;
   if (io.status != IoStatus::kPeerClosed)
     VMMIPC_LOG_WARN(
-        "follow: sending an event to importer pid {} failed: {}; dropping its watch connection",
-        watcher.pid, IoStatusName(io.status));
+        "follow: sending an event to importer {} failed: {}; dropping its watch connection",
+        PeerPidText(watcher.pid), IoStatusName(io.status));
   return false;
 }
 
@@ -57,8 +57,8 @@ bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
     if (!valid) {
       if (io.status != IoStatus::kPeerClosed)
         VMMIPC_LOG_WARN(
-            "follow: importer pid {} answered out of protocol; dropping its watch connection",
-            watcher.pid);
+            "follow: importer {} answered out of protocol; dropping its watch connection",
+            PeerPidText(watcher.pid));
       return false;
     }
     DiscardPeekedMessage(watcher.fd.get());
@@ -121,10 +121,10 @@ void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, bool
       watcher.overflowed = true;  // told to drop everything when it answers (CatchUp)
       watcher.backlog.clear();
       VMMIPC_LOG_ERROR(
-          "follow: importer pid {} missed pauses and resumes of more than {} chunks; once it "
+          "follow: importer {} missed pauses and resumes of more than {} chunks; once it "
           "answers it is told to drop its mappings of this process's memory, and is no longer "
           "followed",
-          watcher.pid, max_backlog_);
+          PeerPidText(watcher.pid), max_backlog_);
       break;
     }
     Fold(watcher, notice);

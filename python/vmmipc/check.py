@@ -152,8 +152,9 @@ def check_sockets(report, config):
                         f"Unix sockets are not usable ({sockets['why']})")
             return
         report.line("ok", "sockets", f"abstract ({sockets['pattern']}) in network namespace "
-                    f"{net}: every rank must share this namespace (containers: --network=host or "
-                    "one pod), or set VMMIPC_SOCKET_DIR to a shared directory")
+                    f"{net}: only processes in this network namespace reach these names "
+                    "(containers: --network=host, or one pod); for a peer in another one set "
+                    "VMMIPC_SOCKET_DIR to a directory every rank mounts")
         return
     directory = sockets["dir"]
     if sockets["usable"]:
@@ -169,8 +170,15 @@ def check_sockets(report, config):
 
 def check_process(report, config):
     uid = os.geteuid()
-    report.line("info", "user", f"uid {uid}: ranks share memory only with processes of the same "
-                "uid")
+    host_uid = config.sockets.get("name_uid", uid)
+    if host_uid != uid:
+        # A user namespace (rootless container): "the same uid" is the host's.
+        report.line("info", "user", f"uid {uid} in a user namespace, uid {host_uid} outside it: "
+                    f"ranks share memory only with processes that are uid {host_uid} outside "
+                    "(the host's processes of that user, or this namespace's)")
+    else:
+        report.line("info", "user", f"uid {uid}: ranks share memory only with processes of the "
+                    "same uid")
     report.line("info", "ptrace", "not needed, by design: fds travel over a Unix socket "
                 "(SCM_RIGHTS); no ptrace, pidfd_getfd, CAP_SYS_PTRACE or /proc/<pid>/fd access")
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -4,7 +4,9 @@
 // exporter's socket is named by its random instance id (handles of version
 // 3), so two exporters of the same pid both export and an importer reaches
 // each; a version 2 handle (an older vmmipc) still names its exporter's
-// socket by pid.
+// socket by pid. A rootless container's process (a user namespace of its
+// own) shares with the host's processes of its user, and exporters of one
+// pid colliding on one rank slot are told apart.
 //
 // The pid namespaces are the test's own (PidNamespace: unshare, with a user
 // namespace around it where the test may not make one otherwise; skipped
@@ -17,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "e2e_layout.h"
 #include "handle_hex.h"
@@ -28,6 +31,17 @@ namespace vmmipc::testing {
 namespace {
 
 class Containers : public LoggedPeerTest {};
+
+// The uid a rootless container's process has inside it: 0 (`unshare --user
+// --map-root-user`), or 1000 where the test runs as root, so that the uid it
+// sees of itself always differs from the one the host sees.
+int UidInside() { return geteuid() == 0 ? 1000 : 0; }
+
+std::string Hex8(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%08llx", static_cast<unsigned long long>(value));
+  return text;
+}
 
 TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
   std::string why;
@@ -106,6 +120,209 @@ TEST_F(Containers, AnImporterInAnotherNetworkNamespaceNeedsTheSocketDirectory) {
     OpenCheckClose(*importer, handle, kChunk, 65);
   }
   std::filesystem::remove_all(dir_template);
+}
+
+// Two containers' exporters of one pid that both take rank slot 0 (each
+// thinks it is rank 0): the importer places the second best-effort, and its
+// one warning names both by pid and instance, since the pids alone read the same.
+TEST_F(Containers, TwoExportersOfOnePidOnOneRankSlotAreToldApartByInstance) {
+  std::string why;
+  auto first_namespace = PidNamespace::Create(&why);
+  if (first_namespace == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;
+  auto second_namespace = PidNamespace::Create(&why);
+  ASSERT_NE(second_namespace, nullptr) << why;
+  if (!first_namespace->ChoosesPids(&why) || !second_namespace->ChoosesPids(&why))
+    GTEST_SKIP() << "cannot give both exporters one pid: " << why;
+  constexpr pid_t kSharedPid = 78;
+  auto first = Peer("exporter-a", "0", {}, {first_namespace.get(), kSharedPid});
+  auto second = Peer("exporter-b", "0", {}, {second_namespace.get(), kSharedPid});
+  auto importer = Peer("importer", "1");
+  ASSERT_TRUE(first && second && importer);
+  const std::string a = Handle(*first, VmmBuffer(*first, "a", 1, 66));
+  const std::string b = Handle(*second, VmmBuffer(*second, "b", 1, 67));
+  const std::string pa = Value(importer->Call("open " + a));
+  const std::string pb = Value(importer->Call("open " + b));
+  ASSERT_FALSE(pa.empty() || pb.empty());
+  EXPECT_EQ(importer->Call("check " + pb + " " + Hex(kChunk) + " 67"), "ok");
+  const std::string expected = "rank slot 0 already serves pid 78 (instance " +
+                               Hex8(Decode(a).instance) + "), and pid 78 (instance " +
+                               Hex8(Decode(b).instance) + ") claims it too";
+  EXPECT_TRUE(LogShows(*importer, expected)) << Log(*importer);
+  EXPECT_EQ(importer->Call("close " + pa), "ok");
+  EXPECT_EQ(importer->Call("close " + pb), "ok");
+}
+
+// Rootless containers (podman, docker rootless): a user namespace in which
+// the user's uid reads as 0. "The same uid" is the same uid of the host: the
+// socket is named by the uid the parent namespace sees, and SO_PEERCRED maps
+// the peer's uid into the receiver's namespace. Without that naming the
+// container's exporter would listen as @vmmipc.0.* and the host's importer
+// look for @vmmipc.<uid>.* (or, as root here, 1000 against 0). Both ways.
+TEST_F(Containers, ARootlessContainersProcessSharesWithTheHostsProcessesOfItsUser) {
+  std::string why;
+  if (!CanMakeUserNamespace(&why)) GTEST_SKIP() << "cannot make a user namespace: " << why;
+  PeerPlacement rootless;
+  rootless.user_namespace_uid = UidInside();
+  auto host = Peer("host", "0");
+  auto contained = Peer("rootless", "1", {}, rootless);
+  ASSERT_TRUE(host && contained);
+  ASSERT_EQ(contained->Call("uid"), "ok " + std::to_string(UidInside()));
+  OpenCheckClose(*host, Handle(*contained, VmmBuffer(*contained, "a", 1, 71)), kChunk, 71);
+  OpenCheckClose(*contained, Handle(*host, VmmBuffer(*host, "b", 1, 72)), kChunk, 72);
+}
+
+// Rootless podman's default: its own network namespace as well (slirp4netns,
+// pasta), so abstract names do not reach the host; a directory both mount
+// does. The directory is the host user's (0700), which the container's
+// process sees as its own (stat maps the owner too).
+TEST_F(Containers, ARootlessContainerWithItsOwnNetworkSharesThroughTheSocketDirectory) {
+  std::string why;
+  if (!CanMakeUserNamespace(&why)) GTEST_SKIP() << "cannot make a user namespace: " << why;
+  PeerPlacement rootless;
+  rootless.user_namespace_uid = UidInside();
+  rootless.own_network_namespace = true;
+  char dir_template[] = "/tmp/vmmipc-rootless-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::map<std::string, std::string> shared = {{"VMMIPC_SOCKET_DIR", dir_template}};
+  {
+    auto host = Peer("host", "0", shared);
+    auto contained = Peer("rootless", "1", shared, rootless);
+    ASSERT_TRUE(host && contained);
+    OpenCheckClose(*host, Handle(*contained, VmmBuffer(*contained, "a", 1, 73)), kChunk, 73);
+    OpenCheckClose(*contained, Handle(*host, VmmBuffer(*host, "b", 1, 74)), kChunk, 74);
+  }
+  std::filesystem::remove_all(dir_template);
+}
+
+// An importer in a user namespace whose exporter is gone: the open fails
+// cleanly, and its one line names the uid it looked under and why that is
+// not the uid it sees of itself, beside the other reasons nobody may listen.
+TEST_F(Containers, ARootlessImportersFailedOpenSaysWhichUidItLookedUnder) {
+  std::string why;
+  if (!CanMakeUserNamespace(&why)) GTEST_SKIP() << "cannot make a user namespace: " << why;
+  PeerPlacement rootless;
+  rootless.user_namespace_uid = UidInside();
+  auto exporter = Peer("exporter", "0");
+  auto contained = Peer("rootless", "1", {}, rootless);
+  ASSERT_TRUE(exporter && contained);
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 75));
+  OpenCheckClose(*contained, handle, kChunk, 75);
+  exporter->Kill();
+  const Resources before = Held(*contained);
+  const std::string reply = contained->Call("open " + handle);
+  EXPECT_EQ(reply.rfind(ErrPrefix(CUDA_ERROR_INVALID_HANDLE), 0), 0u) << reply;
+  const std::string host_uid = std::to_string(geteuid());
+  EXPECT_TRUE(LogShows(*contained, "nobody listens on @vmmipc." + host_uid + ".i")) << Log(*contained);
+  EXPECT_TRUE(LogShows(*contained, "(this process is uid " + std::to_string(UidInside()) +
+                                       " in a user namespace, uid " + host_uid + " outside it)"))
+      << Log(*contained);
+  EXPECT_EQ(Settled(*contained, before), before);
+}
+
+// One open of a buffer of `exporter`'s in `importer`, as a row's cell: "ok"
+// when the pattern reads back, else the open's (or the check's) answer.
+std::string OpenResult(PeerProcess& importer, const std::string& handle, int seed) {
+  const std::string reply = importer.Call("open " + handle);
+  const std::string ptr = Value(reply);
+  if (ptr.empty()) return reply.empty() ? "no answer" : reply;
+  const std::string checked =
+      importer.Call("check " + ptr + " " + Hex(kChunk) + " " + std::to_string(seed));
+  importer.Call("close " + ptr);
+  return checked == "ok" ? "ok" : "opened, but " + checked;
+}
+
+// What legacy CUDA IPC itself needs across containers, beside vmmipc, in one
+// run: an exporter where the test runs, an importer in each layout a
+// container runtime makes (its own pid namespace with its /proc, network
+// namespace, IPC namespace, user namespace, a rootless podman's user and
+// network namespaces, another uid). Each layout opens a cuMemAlloc buffer
+// through legacy IPC and a VMM buffer through vmmipc; vmmipc is given what
+// its docs say to set there (VMMIPC_SOCKET_DIR where the network namespace
+// differs). The table is printed; the rule checked is the issue's: on the
+// real driver vmmipc opens wherever legacy IPC does, but for another uid,
+// which vmmipc does not serve by design (docs/security.md), with its one line.
+TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
+  struct Layout {
+    std::string name;
+    PeerPlacement placement;
+    std::string skip;  // why the layout cannot be made here; empty when it can
+  };
+  std::string why;
+  auto pid_namespace = PidNamespace::Create(&why);
+  const std::string no_pid_namespace = pid_namespace ? "" : "no pid namespace: " + why;
+  const std::string no_user_namespace =
+      CanMakeUserNamespace(&why) ? "" : "no user namespace: " + why;
+  const std::string no_network_namespace =
+      CanMakeNetworkNamespace(&why) ? "" : "no network namespace: " + why;
+  const std::string not_root = geteuid() == 0 ? "" : "not root: cannot start a peer as another uid";
+  std::vector<Layout> layouts(7);
+  layouts[0].name = "same namespaces";
+  layouts[1].name = "own pid namespace (+ mount, /proc)";
+  layouts[1].placement.pid_namespace = pid_namespace.get();
+  layouts[1].skip = no_pid_namespace;
+  layouts[2].name = "own network namespace";
+  layouts[2].placement.own_network_namespace = true;
+  layouts[2].skip = no_network_namespace;
+  layouts[3].name = "own IPC namespace";
+  layouts[3].placement.own_ipc_namespace = true;
+  // Without root an IPC namespace needs a user namespace around it.
+  if (geteuid() != 0) layouts[3].placement.user_namespace_uid = static_cast<int>(geteuid());
+  layouts[3].skip = geteuid() == 0 ? "" : no_user_namespace;
+  layouts[4].name = "own user namespace (rootless)";
+  layouts[4].placement.user_namespace_uid = UidInside();
+  layouts[4].skip = no_user_namespace;
+  layouts[5].name = "own user + network namespaces (rootless podman)";
+  layouts[5].placement.user_namespace_uid = UidInside();
+  layouts[5].placement.own_network_namespace = true;
+  layouts[5].skip = no_user_namespace.empty() ? no_network_namespace : no_user_namespace;
+  layouts[6].name = "another uid (65534)";
+  layouts[6].placement.uid = 65534;
+  layouts[6].skip = not_root;
+
+  char dir_template[] = "/tmp/vmmipc-layouts-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  std::string table = "\nlayout | legacy CUDA IPC | vmmipc\n--- | --- | ---\n";
+  int seed = 80;
+  for (const Layout& layout : layouts) {
+    if (!layout.skip.empty()) {
+      table += layout.name + " | skipped: " + layout.skip + " | skipped\n";
+      continue;
+    }
+    std::map<std::string, std::string> env;
+    if (layout.placement.own_network_namespace) env["VMMIPC_SOCKET_DIR"] = dir_template;
+    auto exporter = Peer("exporter", "0", env);
+    auto importer = Peer("importer", "1", env, layout.placement);
+    ASSERT_TRUE(exporter && importer) << layout.name;
+    const uint64_t legacy = Num(Value(exporter->Call("alloc_legacy " + Hex(kChunk))));
+    ASSERT_NE(legacy, 0u) << layout.name;
+    ASSERT_EQ(exporter->Call("fill " + Hex(legacy) + " " + Hex(kChunk) + " " +
+                             std::to_string(seed)),
+              "ok");
+    const std::string legacy_result = OpenResult(*importer, Handle(*exporter, legacy), seed);
+    ++seed;
+    const std::string vmm_result =
+        OpenResult(*importer, Handle(*exporter, VmmBuffer(*exporter, "v", 1, seed)), seed);
+    ++seed;
+    table += layout.name + " | " + legacy_result + " | " + vmm_result + "\n";
+    if (layout.placement.uid >= 0) {
+      // Its socket name carries its uid, so it looks where nobody listens.
+      EXPECT_NE(vmm_result, "ok") << "another uid's importer was served";
+      EXPECT_TRUE(LogShows(*importer, "nobody listens on @vmmipc." +
+                                          std::to_string(layout.placement.uid) + ".i"))
+          << Log(*importer);
+      EXPECT_TRUE(LogShows(*importer, "or runs as another uid than " +
+                                          std::to_string(layout.placement.uid)))
+          << Log(*importer);
+    } else if (!Sim() && legacy_result == "ok") {
+      EXPECT_EQ(vmm_result, "ok") << layout.name << ": legacy IPC opens there, vmmipc does not";
+    } else if (Sim()) {
+      EXPECT_EQ(vmm_result, "ok") << layout.name;
+    }
+    EXPECT_EQ(exporter->Call("free_legacy " + Hex(legacy)), "ok");
+  }
+  std::filesystem::remove_all(dir_template);
+  std::printf("%s driver:%s", Sim() ? "simulated" : "real", table.c_str());
+  RecordProperty("layouts", table);
 }
 
 }  // namespace

@@ -979,6 +979,7 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
   }
   if (cmd == "resolve") return Resolve(a.at(1), fns);
   if (cmd == "pid") return "ok " + std::to_string(getpid());
+  if (cmd == "uid") return "ok " + std::to_string(geteuid());  // as the peer sees itself
   // code: exit() from here, not a return from main (atexit handlers run either way).
   if (cmd == "exit_now") std::exit(a.size() > 1 ? static_cast<int>(Num(a[1])) : 0);
   if (cmd == "alloc_vmm")  // name chunk count [extra] [noposix]

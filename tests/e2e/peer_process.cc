@@ -3,6 +3,7 @@
 #include "peer_process.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // Older headers lack them; the numbers are the same on every architecture.
@@ -96,6 +99,44 @@ bool CanMakeNetworkNamespace(std::string* why) {
   }
   if (WEXITSTATUS(status) == 0) return true;
   *why = "unshare(CLONE_NEWNET): " + ErrnoText(WEXITSTATUS(status));
+  return false;
+}
+
+namespace {
+
+// The uid and gid maps of PeerPlacement::user_namespace_uid: the test's ids
+// as `inside`. Written by the child itself (an unprivileged process may map
+// its own ids, once setgroups is denied). Made before the fork: a forked
+// child of a threaded test may only make system calls.
+struct UserNamespaceMaps {
+  explicit UserNamespaceMaps(int inside)
+      : uid_map(std::to_string(inside) + " " + std::to_string(geteuid()) + " 1\n"),
+        gid_map(std::to_string(inside) + " " + std::to_string(getegid()) + " 1\n") {}
+  std::string uid_map, gid_map;
+};
+
+// In a forked child: a user namespace of its own with `maps`; errno on failure.
+int EnterUserNamespace(const UserNamespaceMaps& maps) {
+  if (unshare(CLONE_NEWUSER) != 0) return errno;
+  if (!WriteProcFile("/proc/self/setgroups", "deny", 4) && errno != ENOENT) return errno;
+  if (!WriteProcFile("/proc/self/uid_map", maps.uid_map.data(), maps.uid_map.size())) return errno;
+  if (!WriteProcFile("/proc/self/gid_map", maps.gid_map.data(), maps.gid_map.size())) return errno;
+  return 0;
+}
+
+}  // namespace
+
+bool CanMakeUserNamespace(std::string* why) {
+  const UserNamespaceMaps maps(0);
+  const pid_t child = fork();
+  if (child == 0) _exit(EnterUserNamespace(maps) & 0x7f);
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) {
+    *why = "fork or wait failed";
+    return false;
+  }
+  if (WEXITSTATUS(status) == 0) return true;
+  *why = "unshare(CLONE_NEWUSER) and its uid map: " + ErrnoText(WEXITSTATUS(status));
   return false;
 }
 
@@ -340,12 +381,20 @@ std::unique_ptr<PeerProcess> PeerProcess::Start(const std::map<std::string, std:
   int in[2], out[2];
   if (!TwoPipes(in, out, why)) return nullptr;
   pid_t pid = -1;
+  const UserNamespaceMaps maps(std::max(placement.user_namespace_uid, 0));
   if (placement.pid_namespace != nullptr) {
     pid = SpawnIn(placement, in[0], out[1], envp.data(), why);
   } else if ((pid = fork()) == 0) {
-    // The child's own network namespace: a failure is the peer's exit 126,
-    // which the test sees as a peer that does not answer.
+    // The child's own user, network and IPC namespaces, its uid: a failure is
+    // the peer's exit 123 to 126, which the test sees as a peer that does not
+    // answer.
+    if (placement.user_namespace_uid >= 0 && EnterUserNamespace(maps) != 0) _exit(125);
     if (placement.own_network_namespace && unshare(CLONE_NEWNET) != 0) _exit(126);
+    if (placement.own_ipc_namespace && unshare(CLONE_NEWIPC) != 0) _exit(124);
+    if (placement.uid >= 0 &&
+        (setgroups(0, nullptr) != 0 || setresgid(placement.uid, placement.uid, placement.uid) != 0 ||
+         setresuid(placement.uid, placement.uid, placement.uid) != 0))
+      _exit(123);
     ExecPeer(in[0], out[1], envp.data());
   } else if (pid < 0) {
     *why = "fork: " + ErrnoText(errno);

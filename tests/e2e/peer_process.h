@@ -1,6 +1,7 @@
 // PeerProcess: the end-to-end tests' handle on one vmmipc_peer process: start
 // it with libvmmipc.so preloaded and a chosen environment (and, for the
-// follow tests, in a pid namespace of the test's, with a chosen pid there),
+// follow and container tests, in a pid namespace of the test's, with a chosen
+// pid there, or in a user or network namespace of its own),
 // send it commands, read its one-line answers with a timeout, and end it.
 #pragma once
 
@@ -61,7 +62,23 @@ struct PeerPlacement {
   // A network namespace of its own (unshare(CLONE_NEWNET) before exec; not with
   // pid_namespace): no abstract socket of the test's namespace reaches it.
   bool own_network_namespace = false;
+  // >= 0: a user namespace of its own (unshare(CLONE_NEWUSER) before exec, and
+  // before the network namespace when both), in which the test's uid and gid
+  // read as this number: a rootless container's process, which is uid 0 to
+  // itself (`unshare --user --map-root-user`) and the test's uid to the host.
+  // Not with pid_namespace.
+  int user_namespace_uid = -1;
+  // An IPC namespace of its own (unshare(CLONE_NEWIPC): docker's default
+  // --ipc=private). Not with pid_namespace.
+  bool own_ipc_namespace = false;
+  // >= 0: the peer runs as this uid and gid (setresuid before exec; the test
+  // must be root). Not with pid_namespace or user_namespace_uid.
+  int uid = -1;
 };
+
+// Whether this process may make a user namespace (tried in a child, as
+// PeerPlacement::user_namespace_uid does); if not, why.
+bool CanMakeUserNamespace(std::string* why);
 
 // Whether this process may make a network namespace (tried in a child);
 // if not, why.

@@ -619,6 +619,46 @@ class CheckOnSimulatedDriverTest(unittest.TestCase):
         code, out = self.check(VMMIPC_RANK_FROM="env")
         self.assertIn("[info] rank            none here (VMMIPC_RANK_FROM=env)", out)
 
+    def in_namespaces(self, unshare_args, **env):
+        """--check run by unshare(1) with `unshare_args`; skipped where refused."""
+        probe = subprocess.run(["unshare"] + unshare_args + ["true"], capture_output=True,
+                               text=True)
+        if probe.returncode != 0:
+            self.skipTest(f"unshare {' '.join(unshare_args)} is refused here: "
+                          f"{probe.stderr.strip()}")
+        args = ["--lib", OPTIONS.lib] if OPTIONS.lib else []
+        result = subprocess.run(["unshare"] + unshare_args + [sys.executable, SCRIPT] + args +
+                                ["--check"], env=clean_env(LD_LIBRARY_PATH=OPTIONS.sim_dir, **env),
+                                capture_output=True, text=True, timeout=120)
+        return result.stdout
+
+    def test_in_a_user_namespace_the_check_names_the_uid_outside(self):
+        # Like a rootless container's root: a uid inside other than the one outside.
+        uid = os.geteuid()
+        inside = 0 if uid != 0 else 1000
+        out = self.in_namespaces([f"--map-user={inside}", f"--map-group={inside}"])
+        self.assertIn(f"[info] user            uid {inside} in a user namespace, uid {uid} "
+                      f"outside it: ranks share memory only with processes that are uid {uid} "
+                      "outside", out)
+        self.assertIn(f"abstract (@vmmipc.{uid}.i<instance>)", out)
+
+    def test_in_another_network_namespace_the_check_says_which_and_what_reaches_it(self):
+        here = os.readlink("/proc/self/ns/net")
+        unshare = ["--net"] if os.geteuid() == 0 else ["--user", "--map-current-user", "--net"]
+        out = self.in_namespaces(unshare)
+        line = next((l for l in out.splitlines() if "] sockets" in l), "")
+        self.assertIn("abstract (@vmmipc.", line, out)
+        self.assertIn("in network namespace net:[", line)
+        self.assertNotIn(here, line, "the check did not run in the new network namespace")
+        self.assertIn("only processes in this network namespace reach these names", line)
+        self.assertIn("for a peer in another one set VMMIPC_SOCKET_DIR to a directory every rank "
+                      "mounts", line)
+        with tempfile.TemporaryDirectory() as folder:
+            os.chmod(folder, 0o700)
+            out = self.in_namespaces(unshare, VMMIPC_SOCKET_DIR=folder)
+            self.assertIn(f"[  ok] sockets         files in {folder} (writable; crosses network "
+                          "namespaces", out)
+
     def test_no_device_fails(self):
         code, out = self.check(SIMCUDA_DEVICE_COUNT="0")
         self.assertEqual(code, 1, out)

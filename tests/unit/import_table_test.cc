@@ -117,11 +117,13 @@ TEST(ImportTable, ASlotServesOneExporterWhileItHasOpensThere) {
   t.AddChunk(Chunk(0x7000000, 0xB000));
   t.AddOpen(elsewhere);
   EXPECT_FALSE(t.SlotOwner(3));
-  // One warning per (slot, pid).
-  EXPECT_TRUE(t.FirstCollision(3, 200));
-  EXPECT_FALSE(t.FirstCollision(3, 200));
-  EXPECT_TRUE(t.FirstCollision(4, 200));
-  EXPECT_TRUE(t.FirstCollision(3, 201));
+  // One warning per (slot, exporter).
+  EXPECT_TRUE(t.FirstCollision(3, {200, 1}));
+  EXPECT_FALSE(t.FirstCollision(3, {200, 1}));
+  EXPECT_TRUE(t.FirstCollision(4, {200, 1}));
+  EXPECT_TRUE(t.FirstCollision(3, {201, 1}));
+  // Another process of the same pid (another pid namespace's) warns again.
+  EXPECT_TRUE(t.FirstCollision(3, {200, 2}));
 }
 
 // Follow takes the placement lock of every slot an exporter's opens were

@@ -1,5 +1,6 @@
 // Socket naming: the abstract name's exact bytes and length, the filesystem
-// path, and the sun_path limit; and the socket directory's check.
+// path, and the sun_path limit; the uid names carry (the parent user
+// namespace's); and the socket directory's check.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "transport/socket_address.h"
+#include "transport/socket_uid.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -16,7 +18,7 @@ namespace {
 TEST(TransportSocketAddress, AbstractNameHasExactLength) {
   SocketAddress a;
   std::string error;
-  ASSERT_TRUE(MakeSocketAddress(1000, SocketOwner::Pid(4242), "", &a, &error)) << error;
+  ASSERT_TRUE(NameSocketAddress(1000, SocketOwner::Pid(4242), "", &a, &error)) << error;
   EXPECT_TRUE(a.abstract);
   EXPECT_EQ(a.display, "@vmmipc.1000.4242");
   EXPECT_EQ(a.sockaddr.sun_family, AF_UNIX);
@@ -70,6 +72,34 @@ TEST(TransportSocketAddress, TooLongPathIsAnError) {
   EXPECT_NE(error.find("longer"), std::string::npos) << error;
 }
 
+// uid_map lines as /proc/self/uid_map shows them to the process itself.
+TEST(TransportSocketUid, TheParentNamespacesUidIsTheOneInTheName) {
+  // The initial user namespace: every uid is itself.
+  EXPECT_EQ(ParentNamespaceUid(1000, "         0          0 4294967295\n"), 1000u);
+  // `unshare --user --map-root-user` by uid 1000; rootless podman's
+  // subordinate range beside it.
+  const char* rootless = "         0       1000          1\n         1     100000      65536\n";
+  EXPECT_EQ(ParentNamespaceUid(0, rootless), 1000u);
+  EXPECT_EQ(ParentNamespaceUid(1, rootless), 100000u);
+  EXPECT_EQ(ParentNamespaceUid(65536, rootless), 165535u);
+  // Not mapped (65536 past the range's end), an empty map, garbage: itself.
+  EXPECT_EQ(ParentNamespaceUid(65537, rootless), 65537u);
+  EXPECT_EQ(ParentNamespaceUid(5, ""), 5u);
+  EXPECT_EQ(ParentNamespaceUid(5, "x y z\n0 7"), 5u);
+  // The last line without its newline still counts; one past 32 bits does not.
+  EXPECT_EQ(ParentNamespaceUid(3, "0 10 4"), 13u);
+  EXPECT_EQ(ParentNamespaceUid(1, "0 4294967295 2"), 1u);
+}
+
+TEST(TransportSocketUid, ThisProcessesOwnUidMapsAsItsUidMapSays) {
+  // In the initial user namespace (CI, the GPU machine) the same number; in
+  // a container of another uid map whatever it maps to, and always the same.
+  const uint32_t named = SocketNameUid(geteuid());
+  EXPECT_EQ(SocketNameUid(geteuid()), named);
+  EXPECT_EQ(SocketNameUid(geteuid() + 1), SocketNameUid(geteuid() + 1));
+  EXPECT_EQ(SocketNameUid(geteuid()), named) << "the cache kept another uid's answer";
+}
+
 class SocketDir : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -92,7 +122,8 @@ TEST_F(SocketDir, PrivateDirectoryOfTheUserIsAccepted) {
   }
   SocketAddress a;
   EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(9), dir_ + "/", &a, &error)) << error;
-  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(geteuid(), SocketOwner::Pid(9)) + ".sock");
+  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(SocketNameUid(geteuid()), SocketOwner::Pid(9)) +
+                        ".sock");
 }
 
 TEST_F(SocketDir, DirectoryOthersCanWriteIsRefused) {

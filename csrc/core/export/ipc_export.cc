@@ -25,6 +25,7 @@
 #include "core/stats.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
+#include "transport/fd_channel.h"
 #include "transport/wire.h"
 
 namespace vmmipc::core {
@@ -185,7 +186,7 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
   }
   stats::Count(stats::Counter::kRequestsServed);
   stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
-  VMMIPC_LOG_DEBUG("served 0x{:x} to pid {}: {} chunks in {} us", request.address, request.peer_pid,
+  VMMIPC_LOG_DEBUG("served 0x{:x} to {}: {} chunks in {} us", request.address, transport::PeerPidText(request.peer_pid),
                    reply.chunks.size(), MicrosSince(start));
   return reply;
 }

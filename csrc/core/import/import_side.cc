@@ -36,8 +36,8 @@ ImportSide::ClaimResult ImportSide::ClaimRun(uint32_t slot, const state::Exporte
       if (std::optional<state::ExporterId> owner = table.SlotOwner(slot);
           owner && *owner != exporter) {
         result.claim = Claim::kCollision;
-        result.owner_pid = owner->pid;
-        result.repeat = !table.FirstCollision(slot, exporter.pid);
+        result.owner = *owner;
+        result.repeat = !table.FirstCollision(slot, exporter);
         return result;
       }
       for (const state::FetchedChunk& chunk : run) {

@@ -89,14 +89,14 @@ class ImportSide {
   };
   enum class Claim {
     kPlanned,    // `plan` says what to map
-    kCollision,  // the zone slot serves another exporter (`owner_pid`)
+    kCollision,  // the zone slot serves another exporter (`owner`)
     kOccupied,   // the run's range in the slot holds other memory (a stale chunk, say)
     kOtherRun,   // an open of another run of the exporter returned `pointer`
   };
   struct ClaimResult {
     Claim claim = Claim::kPlanned;
-    uint32_t owner_pid = 0;
-    bool repeat = false;  // the collision of this (slot, pid) was reported before
+    state::ExporterId owner;
+    bool repeat = false;  // the collision of this (slot, exporter) was reported before
   };
   // Decides, in one hold of the import lock, whether `run` can go to `target`
   // in zone slot `slot` (kNotInZone: a reservation of the open's own, no slot

@@ -32,7 +32,13 @@ const char* WhyNoSlot(ImportSide& importer, const Opening& open, uint64_t* targe
   return nullptr;
 }
 
-// The line of a best-effort placement: once per (slot, pid) a warning for a
+// " (instance <hex>)" when `one` and `other` share a pid (processes of two
+// pid namespaces), so that the collision line tells them apart; else "".
+std::string SamePidNote(const state::ExporterId& one, const state::ExporterId& other) {
+  return one.pid == other.pid ? fmt::format(" (instance {:08x})", one.instance) : "";
+}
+
+// The line of a best-effort placement: once per (slot, exporter) a warning for a
 // ranked exporter, an info line for an unranked one, debug lines after that.
 void SayBestEffort(const Opening& open, const char* why_not, bool repeat) {
   const state::Vmm2Handle& h = open.handle;
@@ -83,11 +89,14 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
       case ImportSide::Claim::kCollision:
         stats::Count(stats::Counter::kSlotCollisions);
         repeat = claimed.repeat;
+        // Two containers' exporters can have one pid: then their instances
+        // tell them apart.
         collision = fmt::format(
-            "rank slot {} already serves pid {}, and pid {} claims it too (two processes on one "
-            "GPU without a rank variable, or the same rank twice); set VMMIPC_RANK (or "
+            "rank slot {} already serves pid {}{}, and pid {}{} claims it too (two processes on "
+            "one GPU without a rank variable, or the same rank twice); set VMMIPC_RANK (or "
             "LOCAL_RANK) to a different value in each process",
-            h.rank_slot, claimed.owner_pid, h.pid);
+            h.rank_slot, claimed.owner.pid, SamePidNote(claimed.owner, exporter), h.pid,
+            SamePidNote(exporter, claimed.owner));
         why_not = collision.c_str();
         break;
       case ImportSide::Claim::kOccupied:
