@@ -1,8 +1,9 @@
 // spdlog behind a small facade. The logger is created on first use (never at
 // load time), writes to stderr or to the file of SetFile (VMMIPC_LOG_FILE,
-// opened by the first line written, without waiting, and used only when it is
-// this user's own regular file), and is intentionally never destroyed so that
-// logging from other libraries' static destructors at exit stays safe.
+// opened by OpenFile as the configuration is read, else by the first line,
+// without waiting, and used only when it is this user's own regular file),
+// and is intentionally never destroyed so that logging from other libraries'
+// static destructors at exit stays safe.
 #include "common/log.h"
 
 #include <fcntl.h>
@@ -149,40 +150,34 @@ std::string Refusal(const struct stat& st, const std::string& path) {
   return {};
 }
 
-// Opens the log file; -1 and `why` when it cannot, or must not, be used.
+// Opens the log file at `path` (`shown`: how lines name it); -1 and `why`
+// when it cannot, or must not, be used. Without `create`, a file that is not
+// there is not made: -1, `why` empty, and errno ENOENT (FileProblem asks).
 //
 // Runs under g_create_mutex and under whatever lock the caller of the first
-// line holds: config::Get()'s once flag (and core::Active's static guard)
-// for a configuration warning, the process state's creation mutex for the
-// "config:" line at info, an open's placement lock for a failed map. So it
-// must never wait: O_NONBLOCK makes the open of a FIFO without a reader fail
-// at once (ENXIO) rather than wait for one, and that of a file under another
-// process's lease fail (EWOULDBLOCK) rather than wait for the lease to break;
-// O_NOFOLLOW makes a symbolic link fail (ELOOP) rather than lead elsewhere.
-// What was opened is then checked on the fd (Refusal), never by name again,
-// so no rename in between can swap it; a FIFO that has a reader is refused
-// there, and no later write can wait on a reader either.
-int OpenLogFile(std::string* why) {
-  if (g_file_pattern_too_long) {
-    *why = fmt::format(
-        "cannot use VMMIPC_LOG_FILE: the name is longer than {} bytes; logging to stderr",
-        PATH_MAX - 1);
-    return -1;
-  }
-  const std::string path = ExpandFileName(g_file_pattern, HostName(), getpid());
-  const std::string shown = path == g_file_pattern
-                                ? fmt::format("'{}'", path)
-                                : fmt::format("'{}' (from '{}')", path, g_file_pattern);
+// line holds: config::Get()'s once flag (and core::Active's static guard),
+// which opens it as the configuration is read (OpenFile), or, in a forked
+// child with %p, the caller of the child's first line (a placement lock, the
+// process state's creation mutex). So it must never wait: O_NONBLOCK makes
+// the open of a FIFO without a reader fail at once (ENXIO) rather than wait
+// for one, and that of a file under another process's lease fail
+// (EWOULDBLOCK) rather than wait for the lease to break; O_NOFOLLOW makes a
+// symbolic link fail (ELOOP) rather than lead elsewhere. What was opened is
+// then checked on the fd (Refusal), never by name again, so no rename in
+// between can swap it; a FIFO that has a reader is refused there, and no
+// later write can wait on a reader either.
+int OpenPath(const std::string& path, const std::string& shown, bool create, std::string* why) {
   // 0600: the lines describe this user's processes (pids, addresses, peers,
   // failures), and vmmipc shares memory with the same user only; others have
   // no need to read them. The umask can only take bits away.
+  const int flags = O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0);
   int fd;
   do {
-    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                0600);
+    fd = ::open(path.c_str(), flags, 0600);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int error = errno;
+    if (!create && error == ENOENT) return -1;
     // Say what is there when that is why (ELOOP: a symbolic link; ENXIO: a
     // FIFO nobody reads; EISDIR: a directory), else the error. lstat only
     // words the line: nothing is opened after it.
@@ -195,6 +190,7 @@ int OpenLogFile(std::string* why) {
     else
       *why = fmt::format("cannot use VMMIPC_LOG_FILE {}: {} (open: {}); logging to stderr", shown,
                          refusal, std::strerror(error));
+    errno = error;
     return -1;
   }
   struct stat st = {};
@@ -205,8 +201,8 @@ int OpenLogFile(std::string* why) {
     // Blocking writes from here on, as without O_NONBLOCK: Linux ignores the
     // flag for regular files today, but it belongs to the open file, which a
     // forked child shares, and a write must never return EAGAIN half done.
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    const int flags_now = ::fcntl(fd, F_GETFL);
+    if (flags_now < 0 || ::fcntl(fd, F_SETFL, flags_now & ~O_NONBLOCK) != 0)
       refusal = fmt::format("fcntl failed: {}", std::strerror(errno));
   }
   if (!refusal.empty()) {
@@ -215,6 +211,28 @@ int OpenLogFile(std::string* why) {
     return -1;
   }
   return fd;
+}
+
+std::string TooLongLine() {
+  return fmt::format(
+      "cannot use VMMIPC_LOG_FILE: the name is longer than {} bytes; logging to stderr",
+      PATH_MAX - 1);
+}
+
+// How the lines name the file of `pattern` in this process.
+std::string Shown(const std::string& path, std::string_view pattern) {
+  return path == pattern ? fmt::format("'{}'", path)
+                         : fmt::format("'{}' (from '{}')", path, pattern);
+}
+
+// Opens the log file of SetFile; -1 and `why` when it cannot, or must not, be used.
+int OpenLogFile(std::string* why) {
+  if (g_file_pattern_too_long) {
+    *why = TooLongLine();
+    return -1;
+  }
+  const std::string path = ExpandFileName(g_file_pattern, HostName(), getpid());
+  return OpenPath(path, Shown(path, g_file_pattern), /*create=*/true, why);
 }
 
 void ResetInForkedChild() { ResetAfterFork(); }
@@ -272,17 +290,18 @@ spdlog::level::level_enum ToSpdlog(Level level) {
 
 }  // namespace
 
+constexpr LevelSpelling kLevelSpellings[] = {
+    {"trace", Level::kTrace}, {"debug", Level::kDebug},  {"info", Level::kInfo},
+    {"warn", Level::kWarn},   {"warning", Level::kWarn}, {"error", Level::kError},
+    {"off", Level::kOff},     {"none", Level::kOff}};
+
+std::span<const LevelSpelling> LevelSpellings() { return kLevelSpellings; }
+
 bool ParseLevel(std::string_view text, Level* level) {
   std::string lower(text);
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  static constexpr struct {
-    const char* name;
-    Level level;
-  } kNames[] = {{"trace", Level::kTrace}, {"debug", Level::kDebug}, {"info", Level::kInfo},
-                {"warn", Level::kWarn},   {"warning", Level::kWarn}, {"error", Level::kError},
-                {"off", Level::kOff},     {"none", Level::kOff}};
-  for (const auto& entry : kNames) {
+  for (const LevelSpelling& entry : kLevelSpellings) {
     if (lower == entry.name) {
       *level = entry.level;
       return true;
@@ -345,12 +364,47 @@ void SetFile(std::string_view pattern) noexcept {
   g_logger.store(nullptr, std::memory_order_release);
 }
 
+void OpenFile() noexcept {
+  try {
+    Logger();
+  } catch (...) {
+    // Out of memory: the first line tries again.
+  }
+}
+
+std::string FileProblem(std::string_view pattern) {
+  if (pattern.empty()) return {};
+  if (pattern.size() >= sizeof(g_file_pattern)) return TooLongLine();
+  const std::string path = FileNameHere(pattern);
+  const std::string shown = Shown(path, pattern);
+  std::string why;
+  const int fd = OpenPath(path, shown, /*create=*/false, &why);
+  if (fd >= 0) {
+    ::close(fd);
+    return {};
+  }
+  if (!why.empty()) return why;
+  // Not there yet: the library creates it, in a folder that exists and that
+  // this user may write to (the process's euid: AT_EACCESS).
+  const size_t slash = path.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::faccessat(AT_FDCWD, folder.c_str(), W_OK | X_OK, AT_EACCESS) != 0)
+    return fmt::format("cannot open VMMIPC_LOG_FILE {}: {}; logging to stderr", shown,
+                       std::strerror(errno));
+  return {};
+}
+
 std::string ExpandFileName(std::string_view pattern, std::string_view host, long pid) {
   std::string out;
   ScanPattern(
       pattern, [&](char c) { out += c; }, [&] { out += host; },
       [&] { out += std::to_string(pid); });
   return out;
+}
+
+std::string FileNameHere(std::string_view pattern) {
+  return ExpandFileName(pattern, HostName(), getpid());
 }
 
 void ResetAfterFork() noexcept {

@@ -4,6 +4,8 @@
 // layout the values form together is checked in layout.cc.
 #include "config/params.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -12,11 +14,13 @@
 
 #include "config/layout.h"
 
+extern char** environ;
+
 namespace vmmipc::config {
 namespace {
 
 constexpr ParamSpec kSpecs[] = {
-#define VMMIPC_PARAM(field, name, kind, def, doc) {name, Kind::kind, def, doc},
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc) {name, Kind::kind, def, rule, doc},
 #include "config/params.def"
 #undef VMMIPC_PARAM
 };
@@ -49,42 +53,27 @@ std::string Plain(const T& value) {
 }
 std::string Plain(const std::string& value) { return value; }
 
-// What the layout's bases and sizes must be multiples of: the VMM granularity
-// of the GPUs vmmipc targets (2 MiB, measured). The configuration is read
-// before any driver is asked; core asks the driver for the granularity it
-// carves with (core/arena/export_arena.cc).
-constexpr uint64_t kLayoutAlignment = 2u << 20;
+// The rule's choices, one by one.
+std::vector<std::string> Choices(const Rule& rule) {
+  std::vector<std::string> out;
+  std::string_view rest(rule.choices);
+  while (!rest.empty()) {
+    const size_t blank = rest.find(' ');
+    if (blank != 0) out.emplace_back(rest.substr(0, blank));
+    if (blank == std::string_view::npos) break;
+    rest.remove_prefix(blank + 1);
+  }
+  return out;
+}
 
-// Values checked beyond their syntax; returns a reason, or nullptr when fine.
-const char* Invalid(const Params& p, const char* name) {
-  if (!strcmp(name, "VMMIPC_ZONE_SLOTS") && (p.zone_slots < 1 || p.zone_slots > kMaxRank))
-    return "must be between 1 and 65534";
-  if (!strcmp(name, "VMMIPC_SLOT_SIZE") &&
-      (p.slot_size == 0 || p.slot_size % kLayoutAlignment != 0))
-    return "must be a positive multiple of 2 MiB";
-  if ((!strcmp(name, "VMMIPC_ZONE_BASE") || !strcmp(name, "VMMIPC_ZONE_FALLBACK_BASE")) &&
-      (p.zone_base % kLayoutAlignment != 0 || p.zone_fallback_base % kLayoutAlignment != 0))
-    return "must be a multiple of 2 MiB";
-  if (!strcmp(name, "VMMIPC_TIMEOUT_MS") && (p.timeout_ms < 1 || p.timeout_ms > 3600000))
-    return "must be between 1 and 3600000";
-  if (!strcmp(name, "VMMIPC_RANK") && (p.rank < -1 || p.rank > kMaxRank))
-    return "must be between 0 and 65534 (or -1 for unranked)";
-  if (!strcmp(name, "VMMIPC_RANK_FROM") && p.rank_from != "auto" && p.rank_from != "env" &&
-      p.rank_from != "gpu" && p.rank_from != "off")
-    return "must be auto, env, gpu or off";
-  if (!strcmp(name, "VMMIPC_ARENA_BASE") && p.arena_base % kLayoutAlignment != 0)
-    return "must be a multiple of 2 MiB";
-  if (!strcmp(name, "VMMIPC_ARENA_SIZE") &&
-      (p.arena_size == 0 || p.arena_size % kLayoutAlignment != 0))
-    return "must be a positive multiple of 2 MiB";
-  if (!strcmp(name, "VMMIPC_CUDA_LIBRARY") && p.cuda_library.empty()) return "must not be empty";
-  if (!strcmp(name, "VMMIPC_EXPORT_FD_CACHE") &&
-      (p.export_fd_cache < 1 || p.export_fd_cache > 1000000))
-    return "must be between 1 and 1000000";
-  if (!strcmp(name, "VMMIPC_LISTENER_THREADS") &&
-      (p.listener_threads < 1 || p.listener_threads > 64))
-    return "must be between 1 and 64";
-  return nullptr;
+// "a, b or c", each item wrapped in `quote`.
+std::string Listed(const std::vector<std::string>& items, const char* quote = "") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += i + 1 == items.size() ? " or " : ", ";
+    out += fmt::format("{}{}{}", quote, items[i], quote);
+  }
+  return out;
 }
 
 // Old names, newest rename last.
@@ -113,27 +102,29 @@ const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params*
   return text;
 }
 
-// Every variable of params.def from `lookup`: a bad value is reported and the
-// default kept.
+// Every variable of params.def from `lookup`: a bad value (its kind's syntax,
+// then its rule) is reported and the default kept.
 void ParseVariables(const EnvLookup& lookup, Params* params) {
   size_t index = 0;
-#define VMMIPC_PARAM(field, name, kind, def, doc)                                               \
-  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {            \
-    auto saved = params->field;                                                                 \
-    const char* why =                                                                           \
-        Assign(&params->field, Kind::kind, text) ? Invalid(*params, name) : "cannot be parsed"; \
-    Outcome& outcome = params->outcomes[index];                                                 \
-    if (why != nullptr) {                                                                       \
-      params->field = saved;                                                                    \
-      outcome.origin = Origin::kIgnored;                                                        \
-      outcome.why =                                                                             \
-          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def);      \
-      params->warnings.push_back(outcome.why);                                                  \
-    } else {                                                                                    \
-      outcome.origin = Origin::kEnvironment;                                                    \
-      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";                    \
-    }                                                                                           \
-  }                                                                                             \
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                                       \
+  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {          \
+    auto saved = params->field;                                                               \
+    const std::string why = Assign(&params->field, Kind::kind, text)                          \
+                                ? Violation(rule, params->field)                              \
+                                : SyntaxError(Kind::kind);                                    \
+    Outcome& outcome = params->outcomes[index];                                               \
+    if (!why.empty()) {                                                                       \
+      params->field = saved;                                                                  \
+      outcome.origin = Origin::kIgnored;                                                      \
+      outcome.reason = why;                                                                   \
+      outcome.why =                                                                           \
+          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def);    \
+      params->warnings.push_back(outcome.why);                                                \
+    } else {                                                                                  \
+      outcome.origin = Origin::kEnvironment;                                                  \
+      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";                  \
+    }                                                                                         \
+  }                                                                                           \
   ++index;
 #include "config/params.def"
 #undef VMMIPC_PARAM
@@ -168,14 +159,198 @@ void SettleRank(const EnvLookup& lookup, Params* params) {
   }
 }
 
+// `text` in capitals.
+std::string Upper(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The optimal-string-alignment distance: insertions, deletions, substitutions
+// and swaps of two neighbours, one edit each ("LOGLEVEL" is one from
+// "LOG_LEVEL", "RANK_FORM" one from "RANK_FROM").
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+constexpr std::string_view kPrefix = "VMMIPC_";
+
+bool LooksLikeOurs(std::string_view name) {
+  return name.size() >= kPrefix.size() && Upper(name.substr(0, kPrefix.size())) == kPrefix;
+}
+
+bool IsOldName(std::string_view name) {
+  for (const RenamedParam& renamed : kRenamed)
+    if (name == renamed.old_name) return true;
+  return false;
+}
+
+// The warning of an unknown name that looks like ours.
+std::string UnknownNameWarning(const std::string& name, const char* text) {
+  const std::string suggestion = SuggestName(name);
+  std::string hint = " (docs/configuration.md lists them)";
+  if (!suggestion.empty()) {
+    hint = fmt::format("; did you mean {}?", suggestion);
+    for (const RenamedParam& renamed : kRenamed)
+      if (suggestion == renamed.name && EditDistance(Upper(name), renamed.old_name) <
+                                            EditDistance(Upper(name), renamed.name))
+        hint = fmt::format("; did you mean {} (once {})?", renamed.name, renamed.old_name);
+  }
+  return fmt::format("ignoring {}='{}': not a vmmipc variable{}", name,
+                     text != nullptr ? text : "", hint);
+}
+
+// The names of `names` that look like ours but are not: a warning each.
+void ParseUnknownNames(const EnvLookup& lookup, const std::vector<std::string>& names,
+                       Params* params) {
+  for (const std::string& name : names)
+    if (LooksLikeOurs(name) && ParamIndex(name) == kParamCount && !IsOldName(name))
+      params->unknown.push_back(name);
+  std::sort(params->unknown.begin(), params->unknown.end());
+  params->unknown.erase(std::unique(params->unknown.begin(), params->unknown.end()),
+                        params->unknown.end());
+  for (const std::string& name : params->unknown)
+    params->warnings.push_back(UnknownNameWarning(name, lookup(name.c_str())));
+}
+
 }  // namespace
+
+std::string SuggestName(std::string_view name) {
+  if (!LooksLikeOurs(name)) return "";
+  const std::string wanted = Upper(name.substr(kPrefix.size()));
+  std::string best;
+  size_t best_distance = ~size_t{0};
+  auto consider = [&](std::string_view candidate, std::string_view suggestion) {
+    const std::string_view tail = candidate.substr(kPrefix.size());
+    const size_t distance = EditDistance(wanted, tail);
+    const size_t bound = std::max<size_t>(1, std::max(tail.size(), wanted.size()) / 3);
+    if (distance <= bound && distance < best_distance) {
+      best = suggestion;
+      best_distance = distance;
+    }
+  };
+  for (const ParamSpec& spec : kSpecs) consider(spec.name, spec.name);
+  for (const RenamedParam& renamed : kRenamed) consider(renamed.old_name, renamed.name);
+  return best;
+}
+
+std::vector<std::string> EnvironmentNames() {
+  std::vector<std::string> names;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    names.emplace_back(text.substr(0, text.find('=')));
+  }
+  return names;
+}
 
 // A default that did not parse would leave the field value-initialized;
 // tests/unit/params_test.cc parses every default as a value, so none fails.
 Params::Params() {
-#define VMMIPC_PARAM(field, name, kind, def, doc) Assign(&field, Kind::kind, def);
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc) Assign(&field, Kind::kind, def);
 #include "config/params.def"
 #undef VMMIPC_PARAM
+}
+
+std::string Violation(const Rule& rule, int64_t value) {
+  if (rule.type != Rule::Type::kRange || (value >= rule.min && value <= rule.max)) return {};
+  return rule.reason != nullptr ? rule.reason
+                                : fmt::format("must be between {} and {}", rule.min, rule.max);
+}
+
+std::string Violation(const Rule& rule, uint64_t value) {
+  if (rule.type != Rule::Type::kMultiple) return {};
+  if (value % rule.multiple == 0 && (value != 0 || !rule.positive)) return {};
+  if (rule.reason != nullptr) return rule.reason;
+  return fmt::format("must be a {}multiple of {}", rule.positive ? "positive " : "",
+                     log::Bytes(rule.multiple));
+}
+
+std::string Violation(const Rule& rule, const std::string& value) {
+  if (rule.type == Rule::Type::kNotEmpty && value.empty())
+    return rule.reason != nullptr ? rule.reason : "must not be empty";
+  if (rule.type != Rule::Type::kChoice) return {};
+  const std::vector<std::string> choices = Choices(rule);
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return {};
+  return rule.reason != nullptr ? rule.reason : "must be " + Listed(choices);
+}
+
+const char* SyntaxError(Kind kind) {
+  switch (kind) {
+    case Kind::kBool:
+      return "not a boolean (1, true, yes or on; 0, false, no or off)";
+    case Kind::kInt:
+      return "not a whole number";
+    case Kind::kSize:
+      return "not a size (decimal or 0x hex, with an optional K, M, G or T)";
+    case Kind::kString:
+      return "not text";
+    case Kind::kLogLevel:
+      return "not a log level (trace, debug, info, warn, error or off)";
+  }
+  return "cannot be parsed";
+}
+
+std::string DescribeValues(Kind kind, const Rule& rule) {
+  std::string what;
+  if (rule.shown != nullptr) {
+    what = rule.shown;
+  } else {
+    switch (rule.type) {
+      case Rule::Type::kAny:
+        break;
+      case Rule::Type::kRange:
+        what = fmt::format("{} to {}", rule.min, rule.max);
+        break;
+      case Rule::Type::kMultiple:
+        what = fmt::format("a {}multiple of {}", rule.positive ? "positive " : "",
+                           log::Bytes(rule.multiple));
+        break;
+      case Rule::Type::kChoice:
+        what = Listed(Choices(rule), "`");
+        break;
+      case Rule::Type::kNotEmpty:
+        what = "not empty";
+        break;
+    }
+  }
+  if (rule.note != nullptr) what += fmt::format(" ({})", rule.note);
+  auto spelt = [](auto words) {
+    std::vector<std::string> quoted;
+    for (const auto& word : words) quoted.push_back(fmt::format("`{}`", word));
+    return quoted;
+  };
+  switch (kind) {
+    case Kind::kBool:
+      return fmt::format("{}; {} (any case)", Listed(spelt(kTrueWords)),
+                         Listed(spelt(kFalseWords)));
+    case Kind::kLogLevel: {
+      std::vector<std::string> names;
+      for (const log::LevelSpelling& spelling : log::LevelSpellings()) {
+        if (spelling.name == std::string_view(log::LevelName(spelling.level)))
+          names.push_back(fmt::format("`{}`", spelling.name));
+        else
+          names.back() += fmt::format(" (`{}`)", spelling.name);
+      }
+      return Listed(names) + " (any case)";
+    }
+    case Kind::kInt:
+      return what.empty() ? "a whole number" : what;
+    case Kind::kSize:
+      return (what.empty() ? "any size" : what) + " (a size)";
+    case Kind::kString:
+      return what.empty() ? "any text" : what;
+  }
+  return what;
 }
 
 std::span<const ParamSpec> AllParams() { return kSpecs; }
@@ -190,7 +365,7 @@ size_t ParamIndex(std::string_view name) {
 
 std::string ValueText(const Params& params, size_t index) {
   size_t at = 0;
-#define VMMIPC_PARAM(field, name, kind, def, doc) \
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc) \
   if (at++ == index) return Plain(params.field);
 #include "config/params.def"
 #undef VMMIPC_PARAM
@@ -202,7 +377,7 @@ bool EnabledByEnvironment() {
   static_assert(std::is_same_v<decltype(Params::enable), bool>);
   const char* name = "";
   const char* default_text = "1";
-#define VMMIPC_PARAM(field, variable, kind, def, doc)   \
+#define VMMIPC_PARAM(field, variable, kind, def, rule, doc) \
   if constexpr (std::string_view(#field) == "enable") { \
     name = variable;                                    \
     default_text = def;                                 \
@@ -215,14 +390,16 @@ bool EnabledByEnvironment() {
   return enabled;
 }
 
-Params Parse(const EnvLookup& lookup) {
+Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   // Defaults first, from the same table text that the docs show; then the
   // environment. Each value is fine on its own; together they must still
-  // form a layout. Then the rank, from its variables.
+  // form a layout. Then the rank, from its variables; last, the names that
+  // are none of ours.
   Params params;
   ParseVariables(lookup, &params);
   SettleLayout(&params);
   SettleRank(lookup, &params);
+  ParseUnknownNames(lookup, names, &params);
   return params;
 }
 
@@ -230,12 +407,16 @@ const Params& Get() {
   static Params* params = nullptr;  // never destroyed: hooks may run during exit
   static std::once_flag once;
   std::call_once(once, [] {
-    params = new Params(Parse([](const char* n) { return std::getenv(n); }));
+    params = new Params(Parse([](const char* n) { return std::getenv(n); }, EnvironmentNames()));
     // The log learns everything it needs before the first warning, so that
-    // line already carries the rank and goes where VMMIPC_LOG_FILE says.
+    // line already carries the rank and goes where VMMIPC_LOG_FILE says. The
+    // file is opened now, not by the first line: a name that cannot be used
+    // is told now (one line on stderr), not after something else went wrong.
+    // Never at load time: this is the first hook's (or dlsym's) call.
     log::SetLevel(params->log_level);
     log::SetRank(static_cast<int>(params->rank));
     log::SetFile(params->log_file);
+    log::OpenFile();
     for (const std::string& warning : params->warnings) VMMIPC_LOG_WARN("{}", warning);
   });
   return *params;
@@ -249,7 +430,7 @@ std::string Describe(const Params& params) {
     changed += fmt::format("{}={}", name, value);
   };
   // The rank has its own part below (it may come from LOCAL_RANK or RANK).
-#define VMMIPC_PARAM(field, name, kind, def, doc)                         \
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                   \
   if (params.field != defaults.field && strcmp(name, "VMMIPC_RANK") != 0) \
     add(name, Show(params.field));
 #include "config/params.def"

@@ -23,12 +23,70 @@ namespace vmmipc::config {
 
 enum class Kind { kBool, kInt, kSize, kString, kLogLevel };
 
+// The highest rank slot: a handle carries the slot in 16 bits, and 0xFFFF
+// means unranked (state::kUnranked).
+inline constexpr int64_t kMaxRank = 0xFFFE;
+
+// What the layout's bases and sizes must be multiples of: the VMM granularity
+// of the GPUs vmmipc targets (2 MiB, measured). The configuration is read
+// before any driver is asked; core asks the driver for the granularity it
+// carves with (core/arena/export_arena.cc).
+inline constexpr uint64_t kLayoutAlignment = 2u << 20;
+
+// What a variable's value must be beyond its kind's syntax: params.def's
+// `rule`, the one statement of each variable's range. The parse refuses a
+// value that breaks it, in its words (Violation), and vmmipc-config --markdown
+// shows it in docs/configuration.md (Describe).
+struct Rule {
+  enum class Type { kAny, kRange, kMultiple, kChoice, kNotEmpty };
+  Type type = Type::kAny;
+  int64_t min = 0;                // kRange, inclusive
+  int64_t max = 0;                // kRange, inclusive
+  uint64_t multiple = 0;          // kMultiple
+  bool positive = false;          // kMultiple: 0 is refused too
+  const char* choices = "";       // kChoice: the values, blank-separated
+  const char* reason = nullptr;   // the refusal's words, where the rule's own would not do
+  const char* shown = nullptr;    // the docs' words for what is accepted, likewise
+  const char* note = nullptr;     // said after it in the docs
+};
+constexpr Rule Any(const char* shown = nullptr) { return {.shown = shown}; }
+constexpr Rule Between(int64_t min, int64_t max, const char* reason = nullptr,
+                       const char* shown = nullptr, const char* note = nullptr) {
+  return {.type = Rule::Type::kRange, .min = min, .max = max, .reason = reason, .shown = shown,
+          .note = note};
+}
+constexpr Rule MultipleOf(uint64_t multiple) {
+  return {.type = Rule::Type::kMultiple, .multiple = multiple};
+}
+constexpr Rule PositiveMultipleOf(uint64_t multiple) {
+  return {.type = Rule::Type::kMultiple, .multiple = multiple, .positive = true};
+}
+constexpr Rule OneOf(const char* choices) { return {.type = Rule::Type::kChoice, .choices = choices}; }
+constexpr Rule NotEmpty(const char* shown = nullptr) {
+  return {.type = Rule::Type::kNotEmpty, .shown = shown};
+}
+
 struct ParamSpec {
   const char* name;
   Kind kind;
   const char* default_text;
-  const char* doc;
+  Rule rule;
+  const char* doc;  // markdown (docs/configuration.md)
 };
+
+// Why a value breaks `rule` ("must be between 1 and 64"), or empty when it
+// does not. The kinds a rule does not apply to never break it.
+std::string Violation(const Rule& rule, int64_t value);
+std::string Violation(const Rule& rule, uint64_t value);
+std::string Violation(const Rule& rule, const std::string& value);
+inline std::string Violation(const Rule&, bool) { return {}; }
+inline std::string Violation(const Rule&, log::Level) { return {}; }
+// What a variable of `kind` under `rule` accepts, in markdown, for the docs:
+// "1 to 64", "a positive multiple of 2 MiB", "`auto`, `env`, `gpu` or `off`"; with
+// the spellings of booleans and log levels (from their parsers).
+std::string DescribeValues(Kind kind, const Rule& rule);
+// Why text that is not a value of `kind` was refused: "not a whole number".
+const char* SyntaxError(Kind kind);
 
 // The C++ type of each kind of params.def.
 template <Kind>
@@ -56,14 +114,10 @@ struct KindType<Kind::kLogLevel> {
 
 // The number of variables in params.def.
 inline constexpr size_t kParamCount = 0
-#define VMMIPC_PARAM(field, name, kind, def, doc) +1
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc) +1
 #include "config/params.def"
 #undef VMMIPC_PARAM
     ;
-
-// The highest rank slot: a handle carries the slot in 16 bits, and 0xFFFF
-// means unranked (state::kUnranked).
-inline constexpr int64_t kMaxRank = 0xFFFE;
 
 // Where a variable's value came from, once Parse has settled it.
 enum class Origin {
@@ -77,7 +131,8 @@ enum class Origin {
 
 struct Outcome {
   Origin origin = Origin::kDefault;
-  std::string why;  // for kIgnored and kLayout: the warning line
+  std::string why;     // for kIgnored and kLayout: the warning line
+  std::string reason;  // for kIgnored: why alone ("not a whole number", "must be between 1 and 64")
 };
 
 struct Params {
@@ -86,7 +141,7 @@ struct Params {
   Params();
 
   // One field per variable of params.def, of its kind's type.
-#define VMMIPC_PARAM(field, name, kind, def, doc) KindType<Kind::kind>::type field{};
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc) KindType<Kind::kind>::type field{};
 #include "config/params.def"
 #undef VMMIPC_PARAM
   // Derived: where the rank came from ("VMMIPC_RANK", "LOCAL_RANK", "RANK" or "none").
@@ -94,6 +149,9 @@ struct Params {
   // What Parse found wrong, one warning line each, in order. Get() logs them
   // once the log knows the rank, so they carry the right tag.
   std::vector<std::string> warnings;
+  // The names of the environment that look like ours (VMMIPC_ in any case)
+  // but are no variable and no old name: ignored, with a warning each. Sorted.
+  std::vector<std::string> unknown;
   // Per variable of AllParams(), in its order: where the value came from.
   std::array<Outcome, kParamCount> outcomes{};
   // The parts of the layout the layout check turned off, for want of room
@@ -150,12 +208,25 @@ std::string ValueText(const Params& params, size_t index);
 // and the arena must fit one slot. A part that does not falls back to its
 // defaults, or is turned off when they do not fit either (zone_base 0,
 // zone_fallback_base 0, arena false), with one warning naming the variables.
-// The result always satisfies these bounds. Parse logs nothing: the warnings
-// are in the result's `warnings`.
-Params Parse(const EnvLookup& lookup);
-// The process's parameters, parsed from the environment on first call. That
-// call also sets the log's level, rank and file from them, then logs the
-// warnings of Parse.
+// The result always satisfies these bounds. `names` are the names set in the
+// environment (EnvironmentNames): each that starts with VMMIPC_, in any case,
+// and is no variable and no old name gets one warning, with the variable it
+// most likely means (SuggestName), and is listed in `unknown`. Parse logs
+// nothing: the warnings are in the result's `warnings`.
+Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names = {});
+// The names of the process's environment (environ), in its order.
+std::vector<std::string> EnvironmentNames();
+// The variable an unknown name most likely stands for: the declared name (or
+// old name, which gives its name now) at the least edit distance from it, in
+// capitals, with a swap of two neighbours one edit, where that distance is
+// at most a third of the name after VMMIPC_ (one edit at least); empty when
+// none is that near. "VMMIPC_LOGLEVEL" -> "VMMIPC_LOG_LEVEL".
+std::string SuggestName(std::string_view name);
+// The process's parameters, parsed from the environment on first call (never
+// at load time: core reads them at the first hook or dlsym that needs them).
+// That call also sets the log's level, rank and file from them, opens the log
+// file (log::OpenFile: a bad one is told then, once, on stderr), then logs
+// the warnings of Parse, unknown VMMIPC_* names included.
 const Params& Get();
 // VMMIPC_ENABLE alone, read with getenv: for what runs before the
 // configuration is read, at load time (core/load_time.h). Nothing else is

@@ -38,14 +38,16 @@ std::string Trim(const char* text) {
 bool ParseBool(const char* text, bool* out) {
   std::string s = Trim(text);
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (s == "1" || s == "true" || s == "yes" || s == "on") {
-    *out = true;
-    return true;
-  }
-  if (s == "0" || s == "false" || s == "no" || s == "off") {
-    *out = false;
-    return true;
-  }
+  for (const char* word : kTrueWords)
+    if (s == word) {
+      *out = true;
+      return true;
+    }
+  for (const char* word : kFalseWords)
+    if (s == word) {
+      *out = false;
+      return true;
+    }
   return false;
 }
 

@@ -4,10 +4,15 @@
 // defaults' text, so that both read a value the same way.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
 namespace vmmipc::config {
+
+// What ParseBool reads as true and as false (in any case); the docs list the same.
+inline constexpr std::array<const char*, 4> kTrueWords = {"1", "true", "yes", "on"};
+inline constexpr std::array<const char*, 4> kFalseWords = {"0", "false", "no", "off"};
 
 // `text` without leading and trailing blanks (space, tab, CR, LF).
 std::string Trim(const char* text);

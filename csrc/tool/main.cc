@@ -19,43 +19,29 @@
 
 #include "config/params.h"
 #include "tool/json.h"
+#include "tool/markdown.h"
 #include "tool/report.h"
 #include "tool/socket_verdict.h"
-
-extern char** environ;
 
 namespace vmmipc::tool {
 namespace {
 
 constexpr const char* kUsage =
     "usage: vmmipc-config [--pci ADDRESS]...\n"
+    "       vmmipc-config --markdown\n"
     "Prints, as JSON, the configuration libvmmipc.so would settle in this environment:\n"
     "every VMMIPC_* variable (value, default, source, error), the address layout, the\n"
     "rank, and whether the sockets can be used.\n"
     "  --pci ADDRESS  also the rank slot of the GPU at this PCI address (0000:18:00.0),\n"
     "                 from its index among the host's GPUs; may be repeated\n"
+    "  --markdown     print instead the table of every variable (default, what it\n"
+    "                 accepts, meaning) that docs/configuration.md shows\n"
     "  --version      print the version\n"
     "Exit status: 0 the report was printed, 2 a usage error, 1 it could not be written.\n";
 
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "vmmipc-config: %s\n%s", problem.c_str(), kUsage);
   return 2;
-}
-
-// The VMMIPC_* names of the environment that no variable of params.def has.
-std::vector<std::string> UnknownVariables() {
-  std::vector<std::string> unknown;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view text(*entry);
-    const std::string_view name = text.substr(0, text.find('='));
-    if (name.substr(0, 7) != "VMMIPC_" || config::ParamIndex(name) != config::kParamCount) continue;
-    bool renamed = false;  // an old name: the library takes it, with its own warning
-    for (const config::RenamedParam& old : config::RenamedParams())
-      renamed = renamed || name == old.old_name;
-    if (!renamed) unknown.emplace_back(name);
-  }
-  std::sort(unknown.begin(), unknown.end());
-  return unknown;
 }
 
 int Run(int argc, char** argv) {
@@ -65,6 +51,13 @@ int Run(int argc, char** argv) {
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (arg == "--markdown") {
+      const std::string table = VariablesTable();
+      return std::fwrite(table.data(), 1, table.size(), stdout) == table.size() &&
+                     std::fflush(stdout) == 0
+                 ? 0
+                 : 1;
     }
     if (arg == "--version") {
       std::printf("vmmipc-config %s\n", VMMIPC_VERSION_STRING);
@@ -80,13 +73,15 @@ int Run(int argc, char** argv) {
     }
   }
   // Parse, as the library does, but without Get(): nothing is logged and no
-  // log file is opened; the warnings go into the report.
-  input.params = config::Parse([](const char* name) { return std::getenv(name); });
+  // log file is opened (it is judged without creating it); the warnings go
+  // into the report.
+  input.params = config::Parse([](const char* name) { return std::getenv(name); },
+                               config::EnvironmentNames());
   for (const config::ParamSpec& spec : config::AllParams()) {
     const char* text = std::getenv(spec.name);
     input.set.push_back(text != nullptr ? std::optional<std::string>(text) : std::nullopt);
   }
-  input.unknown = UnknownVariables();
+  input.log_file_problem = log::FileProblem(input.params.log_file);
   input.sockets = JudgeSockets(input.params.socket_dir, static_cast<uint32_t>(geteuid()));
   Json json;
   WriteReport(input, &json);

@@ -75,6 +75,8 @@ void WriteVariables(const ReportInput& in, Json* json) {
     json->FieldOrNull("set", in.set[i]);
     json->Field("source", SourceName(in.params, outcome.origin));
     json->FieldOrNull("error", outcome.why.empty() ? std::nullopt : std::optional(outcome.why));
+    json->FieldOrNull("reason",
+                      outcome.reason.empty() ? std::nullopt : std::optional(outcome.reason));
     json->EndObject();
   }
   json->EndArray();
@@ -153,6 +155,22 @@ void WriteGpu(const config::Params& p, const std::string& pci, Json* json) {
   json->EndObject();
 }
 
+// Where the log lines would go: the file of VMMIPC_LOG_FILE as this process
+// names it (%p: this process's pid), and the warning the library would print
+// instead of using it.
+void WriteLogFile(const ReportInput& in, Json* json) {
+  const std::string& pattern = in.params.log_file;
+  json->Key("log_file");
+  json->BeginObject();
+  json->Field("pattern", pattern);
+  json->FieldOrNull("path", pattern.empty() ? std::nullopt
+                                            : std::optional(log::FileNameHere(pattern)));
+  json->Field("usable", in.log_file_problem.empty());
+  json->FieldOrNull("problem", in.log_file_problem.empty() ? std::nullopt
+                                                           : std::optional(in.log_file_problem));
+  json->EndObject();
+}
+
 void WriteSockets(const SocketVerdict& v, Json* json) {
   json->Key("sockets");
   json->BeginObject();
@@ -177,7 +195,7 @@ void WriteReport(const ReportInput& in, Json* json) {
   json->Field("tool", "vmmipc-config");
   json->Field("version", VMMIPC_VERSION_STRING);
   WriteVariables(in, json);
-  WriteStrings("unknown_variables", in.unknown, json);
+  WriteStrings("unknown_variables", in.params.unknown, json);
   WriteStrings("warnings", in.params.warnings, json);
   json->Field("summary", config::Describe(in.params));
   WriteLayout(in.params, json);
@@ -186,6 +204,7 @@ void WriteReport(const ReportInput& in, Json* json) {
   json->BeginArray();
   for (const std::string& pci : in.pci) WriteGpu(in.params, pci, json);
   json->EndArray();
+  WriteLogFile(in, json);
   WriteSockets(in.sockets, json);
   json->EndObject();
 }

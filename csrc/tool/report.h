@@ -15,7 +15,7 @@ namespace vmmipc::tool {
 struct ReportInput {
   config::Params params;                        // config::Parse of the environment
   std::vector<std::optional<std::string>> set;  // per variable of AllParams(): its text, if set
-  std::vector<std::string> unknown;             // VMMIPC_* names that are no variable, sorted
+  std::string log_file_problem;                 // log::FileProblem of VMMIPC_LOG_FILE
   std::vector<std::string> pci;                 // the PCI addresses asked about (--pci), as given
   SocketVerdict sockets;
 };

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import vmmipc
-from vmmipc import check_driver, paths
+from vmmipc import check_driver, options, paths
 from vmmipc.preload import split_preload
 from vmmipc.settled import ToolError, settle
 
@@ -47,8 +47,7 @@ class Report:
 def check_library(report, library, looked_at):
     name = paths.LIBRARY_NAME
     if library is None:
-        report.line("fail", "library", f"{name} not found (looked at: "
-                    f"{', '.join(looked_at)}); build it (scripts/setup.sh) or pass --lib",
+        report.line("fail", "library", options.library_missing(None, looked_at),
                     f"{name} not found")
         return
     with open(library, "rb") as handle:
@@ -195,30 +194,47 @@ def check_process(report, config):
     if not config["VMMIPC_FORCE_POSIX_FD"]:
         report.line("warn", "config", "VMMIPC_FORCE_POSIX_FD=0: only memory created with POSIX-"
                     "fd export can be shared", "VMMIPC_FORCE_POSIX_FD=0")
-    for warning in config.warnings:
+    for warning in config.warnings:  # unknown VMMIPC_* names too, as the library warns
         report.line("warn", "config", warning)
-    for name in config.unknown:
-        report.line("warn", "config", f"{name} is not a vmmipc variable (a typo?); it is ignored")
+    check_log_file(report, config)
     preload = split_preload(os.environ.get("LD_PRELOAD"))
     if preload:
         report.line("info", "LD_PRELOAD", " ".join(preload))
+
+
+def check_log_file(report, config):
+    """VMMIPC_LOG_FILE as the library would open it (judged by vmmipc-config, which
+    creates nothing): where the lines go, or the warning it would print instead."""
+    log_file = config.document["log_file"]
+    pattern = log_file["pattern"]
+    if not pattern:
+        return
+    if not log_file["usable"]:
+        report.line("warn", "log file", log_file["problem"],
+                    "VMMIPC_LOG_FILE cannot be used (lines would go to stderr)")
+        return
+    here = f" ({log_file['path']} for this process)" if log_file["path"] != pattern else ""
+    report.line("ok", "log file", f"lines go to {pattern}{here}")
 
 
 def check(args, library, looked_at):
     """The whole check; returns the exit status (0 OK, 2 WARN, 1 FAIL)."""
     env = dict(os.environ)
     if args.rank is not None:
-        env["VMMIPC_RANK"] = str(args.rank)
+        env["VMMIPC_RANK"] = args.rank
     if args.socket_dir is not None:
         env["VMMIPC_SOCKET_DIR"] = os.path.abspath(args.socket_dir)
+    if args.log_file is not None:
+        env["VMMIPC_LOG_FILE"] = os.path.abspath(args.log_file)
     try:
         config, missing = settle(env, library=library), None
     except ToolError as error:
         config, missing = None, error
-    if config is not None and args.rank is not None and config.error("VMMIPC_RANK"):
+    problem = config and args.rank is not None and options.first_refused(
+        {"VMMIPC_RANK": args.rank}, config)
+    if problem:
         # As in run mode: a --rank the library would refuse is a usage error.
-        print(f"vmmipc-run: error: argument --rank: {config.error('VMMIPC_RANK')}",
-              file=sys.stderr)
+        print(f"vmmipc-run: error: {problem}", file=sys.stderr)
         return 2
     print(f"vmmipc {vmmipc.__version__}: vmmipc-run --check")
     report = Report()

@@ -17,10 +17,11 @@ library only.
 import argparse
 import os
 import shlex
+import subprocess
 import sys
 
 import vmmipc
-from vmmipc import check, paths
+from vmmipc import check, options, paths
 from vmmipc.preload import is_vmmipc, prepend_path, prepend_preload, split_preload
 from vmmipc.settled import ToolError, settle
 
@@ -32,7 +33,7 @@ def run_environment(args, library, env):
     """The environment changes for CMD: {name: value}."""
     changes = {"LD_PRELOAD": prepend_preload(env.get("LD_PRELOAD"), library)}
     if args.rank is not None:
-        changes["VMMIPC_RANK"] = str(args.rank)
+        changes["VMMIPC_RANK"] = args.rank  # as typed: the library judges it (settle_options)
     if args.log_level is not None:
         changes["VMMIPC_LOG_LEVEL"] = args.log_level
     if args.stats:
@@ -54,10 +55,6 @@ def run_environment(args, library, env):
     return changes
 
 
-# The options whose value the library may refuse, by the variable they set.
-CHECKED_OPTIONS = {"VMMIPC_RANK": "--rank", "VMMIPC_LOG_LEVEL": "--log-level"}
-
-
 def settle_options(args, changes, library):
     """Asks vmmipc-config what the library makes of the variables the options set:
     a value it would refuse is a usage error, the log level is written as the library
@@ -72,11 +69,10 @@ def settle_options(args, changes, library):
     except ToolError as error:
         print(f"vmmipc-run: cannot check the options: {error}", file=sys.stderr)
         return 1
-    for name, option in CHECKED_OPTIONS.items():
-        if name in changes and config.error(name):
-            print(f"vmmipc-run: error: argument {option}: {config.error(name)}",
-                  file=sys.stderr)
-            return 2
+    problem = options.first_refused(changes, config)
+    if problem:
+        print(f"vmmipc-run: error: {problem}", file=sys.stderr)
+        return 2
     if args.log_level is not None:
         changes["VMMIPC_LOG_LEVEL"] = config.text("VMMIPC_LOG_LEVEL")
     sockets = config.sockets
@@ -97,16 +93,18 @@ def parse_arguments(argv):
         usage="vmmipc-run [options] -- CMD...\n       vmmipc-run --check [options]",
         description="Run CMD with libvmmipc.so preloaded (legacy CUDA IPC on VMM memory), "
                     "or check whether this machine can use it.",
-        epilog="Exit status of --check: 0 OK, 2 WARN, 1 FAIL. Every VMMIPC_* variable is in "
-               "docs/configuration.md; recipes in docs/recipes.md.")
+        epilog="Exit status of --check: 0 OK, 2 WARN, 1 FAIL. " + options.docs_pointer())
     parser.add_argument("--check", action="store_true",
                         help="check this machine and print a VERDICT line; runs no command")
     parser.add_argument("--print-env", action="store_true",
                         help="print the environment CMD would get, as shell export lines")
+    parser.add_argument("--variables", action="store_true",
+                        help="print every VMMIPC_* variable (default, values it accepts, "
+                             "meaning) as a markdown table; runs no command")
     parser.add_argument("--lib", metavar="PATH",
                         help="libvmmipc.so to preload (default: next to this script's install, "
                              "or $BUILD_DIR/csrc of a source tree)")
-    parser.add_argument("--rank", type=int, metavar="N",
+    parser.add_argument("--rank", metavar="N",
                         help="VMMIPC_RANK=N (one process only: launchers that start several "
                              "ranks set LOCAL_RANK themselves)")
     parser.add_argument("--log-level", metavar="LEVEL",
@@ -131,7 +129,9 @@ def parse_arguments(argv):
         args.command = args.command[1:]
     if args.check and args.command:
         parser.error("--check runs no command")
-    if not (args.check or args.print_env or args.command):
+    if args.variables and (args.command or args.check or args.print_env):
+        parser.error("--variables runs no command and no check")
+    if not (args.check or args.print_env or args.variables or args.command):
         parser.error("no command given (vmmipc-run [options] -- CMD...)")
     return args
 
@@ -139,6 +139,8 @@ def parse_arguments(argv):
 def main(argv):
     args = parse_arguments(argv)
     library, looked_at = paths.find_library(args.lib)
+    if args.variables:
+        return print_variables(library)
     if args.check:
         return check.check(args, library, looked_at)
     changes = run_environment(args, library or paths.LIBRARY_NAME, os.environ)
@@ -146,8 +148,7 @@ def main(argv):
     if status is not None:
         return status
     if library is None:
-        print(f"vmmipc-run: {paths.LIBRARY_NAME} not found (looked at: {', '.join(looked_at)}); "
-              "build it (scripts/setup.sh) or pass --lib", file=sys.stderr)
+        print(f"vmmipc-run: {options.library_missing(args.lib, looked_at)}", file=sys.stderr)
         return 1
     dropped = [e for e in split_preload(os.environ.get("LD_PRELOAD"))
                if is_vmmipc(e) and os.path.realpath(e) != os.path.realpath(library)]
@@ -170,6 +171,20 @@ def main(argv):
     except OSError as error:
         print(f"vmmipc-run: cannot run {args.command[0]}: {error.strerror}", file=sys.stderr)
         return 127
+
+
+def print_variables(library):
+    """--variables: vmmipc-config's table of every variable (docs/configuration.md's)."""
+    tool, looked_at = paths.find_tool(library)
+    if tool is None:
+        print(f"vmmipc-run: {paths.TOOL_NAME} not found (looked at: {', '.join(looked_at)})",
+              file=sys.stderr)
+        return 1
+    try:
+        return subprocess.run([tool, "--markdown"], timeout=30).returncode
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"vmmipc-run: {tool} did not run: {error}", file=sys.stderr)
+        return 1
 
 
 def entry(argv=None):
