@@ -68,6 +68,33 @@ def tool(args=(), **env):
     return result.returncode, report, result.stderr
 
 
+CONFIGURATION_DOC = os.path.join(SOURCE_DIR, "docs", "configuration.md")
+TABLE_BEGIN = ("<!-- generated: vmmipc-config --markdown (from csrc/config/params.def); "
+               "edit params.def -->")  # csrc/tool/markdown.h
+TABLE_END = "<!-- end of the generated table -->"
+
+
+def documented_table(text=None):
+    """The generated table of docs/configuration.md, between its markers."""
+    if text is None:
+        with open(CONFIGURATION_DOC) as handle:
+            text = handle.read()
+    start = text.index(TABLE_BEGIN) + len(TABLE_BEGIN)
+    return text[start:text.index(TABLE_END)].strip("\n") + "\n"
+
+
+def update_doc():
+    """--update-doc: writes vmmipc-config --markdown into docs/configuration.md."""
+    table = subprocess.run([tool_path(), "--markdown"], capture_output=True, text=True,
+                           check=True).stdout
+    with open(CONFIGURATION_DOC) as handle:
+        text = handle.read()
+    start = text.index(TABLE_BEGIN) + len(TABLE_BEGIN)
+    text = text[:start] + "\n\n" + table + "\n" + text[text.index(TABLE_END):]
+    with open(CONFIGURATION_DOC, "w") as handle:
+        handle.write(text)
+
+
 class VersionTest(unittest.TestCase):
     def test_version_matches_the_project(self):
         with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as handle:
@@ -129,6 +156,48 @@ class ToolTest(unittest.TestCase):
         self.assertEqual(self.variable(report, "VMMIPC_ARENA")["source"], "layout")
         self.assertEqual(report["layout"]["arena"], dict(report["layout"]["arena"], on=False,
                                                          no_room=True))
+
+    def test_unknown_names_are_warned_about_with_the_likely_name(self):
+        report = self.report(VMMIPC_LOGLEVEL="info", vmmipc_stats="1", VMMIPC_EXPORT_ANCHOR="0")
+        self.assertEqual(report["unknown_variables"], ["VMMIPC_LOGLEVEL", "vmmipc_stats"])
+        self.assertIn("ignoring VMMIPC_LOGLEVEL='info': not a vmmipc variable; did you mean "
+                      "VMMIPC_LOG_LEVEL?", report["warnings"])
+        self.assertIn("ignoring vmmipc_stats='1': not a vmmipc variable; did you mean "
+                      "VMMIPC_STATS?", report["warnings"])
+
+    def test_the_log_file_is_judged_without_creating_it(self):
+        self.assertEqual(self.report()["log_file"],
+                         {"pattern": "", "path": None, "usable": True, "problem": None})
+        with tempfile.TemporaryDirectory() as directory:
+            fine = os.path.join(directory, "v.log")
+            self.assertEqual(self.report(VMMIPC_LOG_FILE=fine)["log_file"],
+                             {"pattern": fine, "path": fine, "usable": True, "problem": None})
+            missing = os.path.join(directory, "no", "v.log")
+            self.assertEqual(self.report(VMMIPC_LOG_FILE=missing)["log_file"]["problem"],
+                             f"cannot open VMMIPC_LOG_FILE '{missing}': No such file or "
+                             "directory; logging to stderr")
+            log_file = self.report(VMMIPC_LOG_FILE=directory)["log_file"]
+            self.assertFalse(log_file["usable"])
+            self.assertIn("it is a directory", log_file["problem"])
+            self.assertEqual(os.listdir(directory), [])  # nothing created
+
+    def test_the_docs_table_is_generated_from_params_def(self):
+        result = subprocess.run([tool_path(), "--markdown"], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(documented_table(), result.stdout,
+                         "docs/configuration.md's table differs from vmmipc-config --markdown: "
+                         "run test_vmmipc_run.py --tool build/csrc/vmmipc-config --update-doc")
+        # Every variable, in order; the ranges are the library's, refused in its words.
+        rows = [line for line in result.stdout.splitlines() if line.startswith("| `VMMIPC_")]
+        self.assertEqual(len(rows), len(self.report()["variables"]))
+        self.assertIn("| `VMMIPC_ZONE_SLOTS` | `8` | 1 to 65534 |", result.stdout)
+        self.assertIn("| `VMMIPC_SLOT_SIZE` | `1T` | a positive multiple of 2 MiB (a size) |",
+                      result.stdout)
+        self.assertIn("`warn` (`warning`)", result.stdout)
+        self.assertIn("`off` (`none`)", result.stdout)
+        threads = self.variable(self.report(VMMIPC_LISTENER_THREADS="65"),
+                                "VMMIPC_LISTENER_THREADS")
+        self.assertEqual(threads["reason"], "must be between 1 and 64")
 
     def test_the_layout_is_the_librarys(self):
         # params_test.cc's ParamsLayout cases, through the tool.
@@ -259,8 +328,8 @@ class LauncherShowsTheToolTest(unittest.TestCase):
         lines = result.stdout.splitlines()
         for warning in report["warnings"]:
             self.assertIn(f"[WARN] config          {warning}", lines)
-        self.assertIn("[WARN] config          VMMIPC_LOGLEVEL is not a vmmipc variable (a typo?); "
-                      "it is ignored", lines)
+        self.assertIn("[WARN] config          ignoring VMMIPC_LOGLEVEL='info': not a vmmipc "
+                      "variable; did you mean VMMIPC_LOG_LEVEL?", lines)
         self.assertIn(f"[  ok] rank            3 (from {report['rank']['source']}) (a global "
                       "rank: on a multi-node job set LOCAL_RANK or VMMIPC_RANK)", lines)
         self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir "
@@ -273,8 +342,9 @@ class LauncherShowsTheToolTest(unittest.TestCase):
         _, report, _ = tool(VMMIPC_LOG_LEVEL="loud")
         result = run(["--lib", OPTIONS.lib, "--log-level", "loud", "--", "true"], clean_env())
         self.assertEqual(result.returncode, 2, result.stderr)
-        error = next(v["error"] for v in report["variables"] if v["name"] == "VMMIPC_LOG_LEVEL")
-        self.assertEqual(result.stderr, f"vmmipc-run: error: argument --log-level: {error}\n")
+        reason = next(v["reason"] for v in report["variables"] if v["name"] == "VMMIPC_LOG_LEVEL")
+        self.assertEqual(reason, "not a log level (trace, debug, info, warn, error or off)")
+        self.assertEqual(result.stderr, f"vmmipc-run: error: --log-level: 'loud' is {reason}\n")
 
     def test_without_the_tool_the_check_fails_and_says_why(self):
         with tempfile.TemporaryDirectory() as directory:
@@ -380,16 +450,23 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(run([], clean_env()).returncode, 2)
         bad_rank = run(["--rank", "-3", "--", "true"], clean_env())
         self.assertEqual(bad_rank.returncode, 2)
-        self.assertIn("vmmipc-run: error: argument --rank: ignoring VMMIPC_RANK='-3': must be "
-                      "between 0 and 65534", bad_rank.stderr)
+        self.assertEqual("vmmipc-run: error: --rank: '-3' must be between 0 and 65534 (or -1 for "
+                         "unranked)\n", bad_rank.stderr)
+        # The option as the user typed it, not the variable it sets.
+        not_a_number = run(["--rank", "abc", "--", "true"], clean_env())
+        self.assertEqual((not_a_number.returncode, not_a_number.stderr),
+                         (2, "vmmipc-run: error: --rank: 'abc' is not a whole number\n"))
         self.assertEqual(run(["--check", "--", "true"], clean_env()).returncode, 2)
         bad_rank = run(["--check", "--rank", "70000"], clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER))
         self.assertEqual((bad_rank.returncode, bad_rank.stdout), (2, ""))
-        self.assertIn("vmmipc-run: error: argument --rank: ignoring VMMIPC_RANK='70000'",
+        self.assertIn("vmmipc-run: error: --rank: '70000' must be between 0 and 65534",
                       bad_rank.stderr)
         missing = run(["--lib", "/nonexistent/libvmmipc.so", "--", "true"], clean_env())
         self.assertEqual(missing.returncode, 1)
-        self.assertIn("libvmmipc.so not found", missing.stderr)
+        # What to do, for pip users and for a source tree.
+        self.assertIn("vmmipc-run: --lib /nonexistent/libvmmipc.so: no such file. Installed with "
+                      "pip: reinstall the package", missing.stderr)
+        self.assertIn("A source tree: build it (scripts/setup.sh", missing.stderr)
         absent = run(["--lib", self.lib, "--", "/nonexistent/program"], clean_env())
         self.assertEqual(absent.returncode, 127)
 
@@ -427,6 +504,104 @@ class LauncherTest(unittest.TestCase):
         seen = self.print_env(["--log-file", "logs/vmmipc.%h.%p.log"])
         self.assertEqual(seen["VMMIPC_LOG_FILE"],
                          os.path.join(os.getcwd(), "logs", "vmmipc.%h.%p.log"))
+
+
+# Run with the library preloaded: a dlsym of a hooked driver name makes the library read its
+# configuration (no driver needed); then a marker on stderr; then a hook, which without a
+# driver logs one error line. Prints the process's fds before and after each step.
+CONFIG_READ_PROBE = r"""
+import ctypes, json, os, sys
+def fds():
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found[name] = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            pass  # the listing's own fd, closed since
+    return found
+before = fds()
+lib = ctypes.CDLL(None)
+lib.cuIpcOpenMemHandle
+after_read = fds()
+sys.stderr.write("MARK: configuration read\n")
+sys.stderr.flush()
+lib.cuIpcGetMemHandle((ctypes.c_char * 64)(), ctypes.c_uint64(0))
+print(json.dumps({"before": before, "after_read": after_read, "after_line": fds()}))
+"""
+
+
+class LibraryReadsItsConfigurationTest(unittest.TestCase):
+    """What the library says when it reads its configuration (its first use, never at load
+    time): a bad VMMIPC_LOG_FILE at once, in one line on stderr, then stderr logging; the log
+    file opened then, with no fd left behind when it is refused; unknown VMMIPC_* names."""
+
+    def setUp(self):
+        if not OPTIONS.lib:
+            self.skipTest("needs --lib")
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def probe(self, **env):
+        env = clean_env(LD_PRELOAD=os.path.abspath(OPTIONS.lib), VMMIPC_CUDA_LIBRARY=NO_DRIVER,
+                        **env)
+        result = subprocess.run([sys.executable, "-c", CONFIG_READ_PROBE], env=env,
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return json.loads(result.stdout), result.stderr.splitlines()
+
+    def test_a_bad_log_file_is_one_line_at_the_configuration_read(self):
+        fifo = os.path.join(self.dir, "fifo.log")
+        os.mkfifo(fifo, 0o600)  # nobody reads it: the open must not wait
+        link = os.path.join(self.dir, "link.log")
+        os.symlink(os.path.join(self.dir, "target"), link)
+        cases = {os.path.join(self.dir, "no", "v.%p.log"): "cannot open VMMIPC_LOG_FILE",
+                 self.dir: "it is a directory", fifo: "it is a FIFO",
+                 link: "it is a symbolic link"}
+        for pattern, why in cases.items():
+            with self.subTest(pattern=pattern):
+                fds, lines = self.probe(VMMIPC_LOG_FILE=pattern)
+                self.assertEqual(len(lines), 3, lines)
+                self.assertRegex(lines[0], r"^\[vmmipc pid \d+ unranked\] warning: cannot (open|use) "
+                                 r"VMMIPC_LOG_FILE '.*; logging to stderr$")
+                self.assertIn(why, lines[0])
+                self.assertEqual(lines[1], "MARK: configuration read")  # said before the marker
+                self.assertIn("error: cannot load the CUDA driver", lines[2])  # stderr goes on
+                self.assertEqual(fds["after_read"], fds["before"])  # nothing kept open
+                self.assertEqual(fds["after_line"], fds["before"])
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "target")))
+
+    def test_a_good_log_file_is_opened_at_the_configuration_read(self):
+        pattern = os.path.join(self.dir, "v.%p.log")
+        fds, lines = self.probe(VMMIPC_LOG_FILE=pattern)
+        self.assertEqual(lines, ["MARK: configuration read"])
+        [name] = os.listdir(self.dir)
+        path = os.path.join(self.dir, name)
+        opened = {fd: target for fd, target in fds["after_read"].items()
+                  if fds["before"].get(fd) != target}
+        self.assertEqual(list(opened.values()), [path])  # one fd more: the log file
+        self.assertEqual(fds["after_line"], fds["after_read"])
+        with open(path) as handle:
+            self.assertIn("error: cannot load the CUDA driver", handle.read())
+
+    def test_unknown_names_are_warned_about_by_the_library(self):
+        _, lines = self.probe(VMMIPC_LOGLEVEL="info")
+        self.assertRegex(lines[0], r"^\[vmmipc pid \d+ unranked\] warning: ignoring "
+                         r"VMMIPC_LOGLEVEL='info': not a vmmipc variable; did you mean "
+                         r"VMMIPC_LOG_LEVEL\?$")
+        self.assertEqual(lines[1], "MARK: configuration read")
+
+    def test_check_judges_the_log_file(self):
+        missing = os.path.join(self.dir, "no", "v.log")
+        result = run(["--lib", OPTIONS.lib, "--check", "--log-file", missing],
+                     clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER))
+        self.assertIn(f"[WARN] log file        cannot open VMMIPC_LOG_FILE '{missing}': No such "
+                      "file or directory; logging to stderr", result.stdout.splitlines())
+        self.assertIn("(and 1 warnings above)", result.stdout)  # the verdict counts it
+        fine = os.path.join(self.dir, "v.%p.log")
+        result = run(["--lib", OPTIONS.lib, "--check"],
+                     clean_env(VMMIPC_CUDA_LIBRARY=NO_DRIVER, VMMIPC_LOG_FILE=fine))
+        self.assertIn(f"[  ok] log file        lines go to {fine} (", result.stdout)
+        self.assertEqual(os.listdir(self.dir), [])  # the check creates nothing
 
 
 def wheel_layout(site, lib):
@@ -700,8 +875,12 @@ def main():
     parser.add_argument("--lib")
     parser.add_argument("--tool")
     parser.add_argument("--sim-dir")
+    parser.add_argument("--update-doc", action="store_true")
     known, rest = parser.parse_known_args()
     OPTIONS.lib, OPTIONS.tool, OPTIONS.sim_dir = known.lib, known.tool, known.sim_dir
+    if known.update_doc:
+        update_doc()
+        return
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -222,6 +223,7 @@ TEST_F(LogFileTest, LinesGoToTheFileNotToStderr) {
   EXPECT_THAT(again, HasSubstr("third line"));
 }
 
+// Without OpenFile (a logger used alone, or a forked child's own %p file).
 TEST_F(LogFileTest, NothingIsOpenedBeforeTheFirstLine) {
   SetFile(dir_ + "/lazy.log");
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/lazy.log"));
@@ -229,6 +231,59 @@ TEST_F(LogFileTest, NothingIsOpenedBeforeTheFirstLine) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/lazy.log"));
   VMMIPC_LOG_INFO("now");
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/lazy.log"));
+}
+
+// OpenFile (config::Get() calls it as it reads the configuration) opens the
+// file, or gives it up with its warning, before any line: nothing more at
+// the first line.
+TEST_F(LogFileTest, OpenFileOpensItBeforeAnyLine) {
+  SetFile(dir_ + "/early.log");
+  OpenFile();
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/early.log"));
+  EXPECT_EQ(SizeOf(dir_ + "/early.log"), 0u);
+  VMMIPC_LOG_INFO("a line");
+  EXPECT_THAT(Read(dir_ + "/early.log"), HasSubstr("] info: a line\n"));
+  const std::string err = StderrOfChild([&] {
+    SetFile(dir_ + "/no-such-dir/x.log");
+    SetLevel(Level::kOff);  // the refusal is said whatever the level: it is why nothing is filed
+    OpenFile();
+    std::fputs("after OpenFile\n", stderr);
+    std::fflush(stderr);
+    SetLevel(Level::kInfo);
+    VMMIPC_LOG_INFO("later line");
+  });
+  EXPECT_EQ(Count(err, "VMMIPC_LOG_FILE"), 1u) << err;
+  EXPECT_LT(err.find("cannot open VMMIPC_LOG_FILE"), err.find("after OpenFile")) << err;
+  EXPECT_LT(err.find("after OpenFile"), err.find("] info: later line\n")) << err;
+}
+
+// FileProblem (vmmipc-config's judgement) says what the open would, and creates nothing.
+TEST_F(LogFileTest, FileProblemSaysWhatTheOpenWouldWithoutCreating) {
+  EXPECT_EQ(FileProblem(""), "");
+  EXPECT_EQ(FileProblem(dir_ + "/new.%p.log"), "");
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+  const std::string missing = dir_ + "/no-such-dir/x.log";
+  EXPECT_EQ(FileProblem(missing), "cannot open VMMIPC_LOG_FILE '" + missing +
+                                      "': No such file or directory; logging to stderr");
+  EXPECT_THAT(FileProblem(dir_), HasSubstr("cannot use VMMIPC_LOG_FILE '" + dir_ +
+                                           "': it is a directory"));
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(FileProblem(fifo), HasSubstr("it is a FIFO"));
+  const std::string open_to_all = dir_ + "/open.log";
+  MakeFile(open_to_all, 0666);
+  EXPECT_THAT(FileProblem(open_to_all), HasSubstr("it is writable by its group and others"));
+  EXPECT_EQ(FileProblem(std::string(5000, 'x')),
+            "cannot use VMMIPC_LOG_FILE: the name is longer than 4095 bytes; logging to stderr");
+  // The same words as the library's own refusal.
+  std::string said;
+  {
+    ::testing::internal::CaptureStderr();
+    SetFile(missing);
+    OpenFile();
+    said = ::testing::internal::GetCapturedStderr();
+  }
+  EXPECT_THAT(said, HasSubstr("] warning: " + FileProblem(missing) + "\n"));
 }
 
 TEST_F(LogFileTest, AFileThatCannotBeOpenedFallsBackToStderrWithOneWarning) {
