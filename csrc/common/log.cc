@@ -170,7 +170,8 @@ int OpenPath(const std::string& path, const std::string& shown, bool create, std
   // 0600: the lines describe this user's processes (pids, addresses, peers,
   // failures), and vmmipc shares memory with the same user only; others have
   // no need to read them. The umask can only take bits away.
-  const int flags = O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0);
+  const int flags =
+      O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0);
   int fd;
   do {
     fd = ::open(path.c_str(), flags, 0600);

@@ -106,25 +106,25 @@ const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params*
 // then its rule) is reported and the default kept.
 void ParseVariables(const EnvLookup& lookup, Params* params) {
   size_t index = 0;
-#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                                       \
-  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {          \
-    auto saved = params->field;                                                               \
-    const std::string why = Assign(&params->field, Kind::kind, text)                          \
-                                ? Violation(rule, params->field)                              \
-                                : SyntaxError(Kind::kind);                                    \
-    Outcome& outcome = params->outcomes[index];                                               \
-    if (!why.empty()) {                                                                       \
-      params->field = saved;                                                                  \
-      outcome.origin = Origin::kIgnored;                                                      \
-      outcome.reason = why;                                                                   \
-      outcome.why =                                                                           \
-          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def);    \
-      params->warnings.push_back(outcome.why);                                                \
-    } else {                                                                                  \
-      outcome.origin = Origin::kEnvironment;                                                  \
-      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";                  \
-    }                                                                                         \
-  }                                                                                           \
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                                    \
+  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {       \
+    auto saved = params->field;                                                            \
+    const std::string why = Assign(&params->field, Kind::kind, text)                       \
+                                ? Violation(rule, params->field)                           \
+                                : SyntaxError(Kind::kind);                                 \
+    Outcome& outcome = params->outcomes[index];                                            \
+    if (!why.empty()) {                                                                    \
+      params->field = saved;                                                               \
+      outcome.origin = Origin::kIgnored;                                                   \
+      outcome.reason = why;                                                                \
+      outcome.why =                                                                        \
+          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def); \
+      params->warnings.push_back(outcome.why);                                             \
+    } else {                                                                               \
+      outcome.origin = Origin::kEnvironment;                                               \
+      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";               \
+    }                                                                                      \
+  }                                                                                        \
   ++index;
 #include "config/params.def"
 #undef VMMIPC_PARAM
@@ -202,12 +202,12 @@ std::string UnknownNameWarning(const std::string& name, const char* text) {
   if (!suggestion.empty()) {
     hint = fmt::format("; did you mean {}?", suggestion);
     for (const RenamedParam& renamed : kRenamed)
-      if (suggestion == renamed.name && EditDistance(Upper(name), renamed.old_name) <
-                                            EditDistance(Upper(name), renamed.name))
+      if (suggestion == renamed.name &&
+          EditDistance(Upper(name), renamed.old_name) < EditDistance(Upper(name), renamed.name))
         hint = fmt::format("; did you mean {} (once {})?", renamed.name, renamed.old_name);
   }
-  return fmt::format("ignoring {}='{}': not a vmmipc variable{}", name,
-                     text != nullptr ? text : "", hint);
+  return fmt::format("ignoring {}='{}': not a vmmipc variable{}", name, text != nullptr ? text : "",
+                     hint);
 }
 
 // The names of `names` that look like ours but are not: a warning each.
@@ -378,9 +378,9 @@ bool EnabledByEnvironment() {
   const char* name = "";
   const char* default_text = "1";
 #define VMMIPC_PARAM(field, variable, kind, def, rule, doc) \
-  if constexpr (std::string_view(#field) == "enable") { \
-    name = variable;                                    \
-    default_text = def;                                 \
+  if constexpr (std::string_view(#field) == "enable") {     \
+    name = variable;                                        \
+    default_text = def;                                     \
   }
 #include "config/params.def"
 #undef VMMIPC_PARAM

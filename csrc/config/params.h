@@ -40,19 +40,23 @@ inline constexpr uint64_t kLayoutAlignment = 2u << 20;
 struct Rule {
   enum class Type { kAny, kRange, kMultiple, kChoice, kNotEmpty };
   Type type = Type::kAny;
-  int64_t min = 0;                // kRange, inclusive
-  int64_t max = 0;                // kRange, inclusive
-  uint64_t multiple = 0;          // kMultiple
-  bool positive = false;          // kMultiple: 0 is refused too
-  const char* choices = "";       // kChoice: the values, blank-separated
-  const char* reason = nullptr;   // the refusal's words, where the rule's own would not do
-  const char* shown = nullptr;    // the docs' words for what is accepted, likewise
-  const char* note = nullptr;     // said after it in the docs
+  int64_t min = 0;               // kRange, inclusive
+  int64_t max = 0;               // kRange, inclusive
+  uint64_t multiple = 0;         // kMultiple
+  bool positive = false;         // kMultiple: 0 is refused too
+  const char* choices = "";      // kChoice: the values, blank-separated
+  const char* reason = nullptr;  // the refusal's words, where the rule's own would not do
+  const char* shown = nullptr;   // the docs' words for what is accepted, likewise
+  const char* note = nullptr;    // said after it in the docs
 };
 constexpr Rule Any(const char* shown = nullptr) { return {.shown = shown}; }
 constexpr Rule Between(int64_t min, int64_t max, const char* reason = nullptr,
                        const char* shown = nullptr, const char* note = nullptr) {
-  return {.type = Rule::Type::kRange, .min = min, .max = max, .reason = reason, .shown = shown,
+  return {.type = Rule::Type::kRange,
+          .min = min,
+          .max = max,
+          .reason = reason,
+          .shown = shown,
           .note = note};
 }
 constexpr Rule MultipleOf(uint64_t multiple) {
@@ -61,7 +65,9 @@ constexpr Rule MultipleOf(uint64_t multiple) {
 constexpr Rule PositiveMultipleOf(uint64_t multiple) {
   return {.type = Rule::Type::kMultiple, .multiple = multiple, .positive = true};
 }
-constexpr Rule OneOf(const char* choices) { return {.type = Rule::Type::kChoice, .choices = choices}; }
+constexpr Rule OneOf(const char* choices) {
+  return {.type = Rule::Type::kChoice, .choices = choices};
+}
 constexpr Rule NotEmpty(const char* shown = nullptr) {
   return {.type = Rule::Type::kNotEmpty, .shown = shown};
 }

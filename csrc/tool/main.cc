@@ -75,8 +75,8 @@ int Run(int argc, char** argv) {
   // Parse, as the library does, but without Get(): nothing is logged and no
   // log file is opened (it is judged without creating it); the warnings go
   // into the report.
-  input.params = config::Parse([](const char* name) { return std::getenv(name); },
-                               config::EnvironmentNames());
+  input.params =
+      config::Parse([](const char* name) { return std::getenv(name); }, config::EnvironmentNames());
   for (const config::ParamSpec& spec : config::AllParams()) {
     const char* text = std::getenv(spec.name);
     input.set.push_back(text != nullptr ? std::optional<std::string>(text) : std::nullopt);

@@ -163,11 +163,11 @@ void WriteLogFile(const ReportInput& in, Json* json) {
   json->Key("log_file");
   json->BeginObject();
   json->Field("pattern", pattern);
-  json->FieldOrNull("path", pattern.empty() ? std::nullopt
-                                            : std::optional(log::FileNameHere(pattern)));
+  json->FieldOrNull("path",
+                    pattern.empty() ? std::nullopt : std::optional(log::FileNameHere(pattern)));
   json->Field("usable", in.log_file_problem.empty());
-  json->FieldOrNull("problem", in.log_file_problem.empty() ? std::nullopt
-                                                           : std::optional(in.log_file_problem));
+  json->FieldOrNull(
+      "problem", in.log_file_problem.empty() ? std::nullopt : std::optional(in.log_file_problem));
   json->EndObject();
 }
 

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -265,8 +265,8 @@ TEST_F(LogFileTest, FileProblemSaysWhatTheOpenWouldWithoutCreating) {
   const std::string missing = dir_ + "/no-such-dir/x.log";
   EXPECT_EQ(FileProblem(missing), "cannot open VMMIPC_LOG_FILE '" + missing +
                                       "': No such file or directory; logging to stderr");
-  EXPECT_THAT(FileProblem(dir_), HasSubstr("cannot use VMMIPC_LOG_FILE '" + dir_ +
-                                           "': it is a directory"));
+  EXPECT_THAT(FileProblem(dir_),
+              HasSubstr("cannot use VMMIPC_LOG_FILE '" + dir_ + "': it is a directory"));
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_THAT(FileProblem(fifo), HasSubstr("it is a FIFO"));

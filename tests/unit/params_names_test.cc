@@ -35,8 +35,7 @@ TEST(ParamsNames, TyposGetTheLikelyName) {
 TEST(ParamsNames, EachUnknownNameGetsOneWarning) {
   const Params p = ParseNames({"PATH", "VMMIPC_LOGLEVEL", "VMMIPC_RANK", "VMMIPC_EXPORT_ANCHOR",
                                "vmmipc_stats", "VMMIPC_FOO", "VMMIPC_LOGLEVEL"});
-  EXPECT_EQ(p.unknown,
-            (std::vector<std::string>{"VMMIPC_FOO", "VMMIPC_LOGLEVEL", "vmmipc_stats"}));
+  EXPECT_EQ(p.unknown, (std::vector<std::string>{"VMMIPC_FOO", "VMMIPC_LOGLEVEL", "vmmipc_stats"}));
   std::vector<std::string> about_names;
   for (const std::string& warning : p.warnings)
     if (warning.find("not a vmmipc variable") != std::string::npos) about_names.push_back(warning);
