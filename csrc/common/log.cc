@@ -258,7 +258,7 @@ spdlog::logger* CreateLogger() {
   else
     sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto* logger = new spdlog::logger("vmmipc", std::move(sink));  // never freed, on purpose
-  logger->set_level(spdlog::level::trace);                        // filtering happens in Enabled()
+  logger->set_level(spdlog::level::trace);                       // filtering happens in Enabled()
   logger->set_pattern(Pattern());
   // Once per process (per child with %p): why the lines are on stderr.
   if (!why_not_file.empty()) logger->log(spdlog::level::warn, why_not_file);
@@ -279,22 +279,28 @@ spdlog::logger* Logger() {
 
 spdlog::level::level_enum ToSpdlog(Level level) {
   switch (level) {
-    case Level::kTrace: return spdlog::level::trace;
-    case Level::kDebug: return spdlog::level::debug;
-    case Level::kInfo: return spdlog::level::info;
-    case Level::kWarn: return spdlog::level::warn;
-    case Level::kError: return spdlog::level::err;
-    case Level::kOff: return spdlog::level::off;
+    case Level::kTrace:
+      return spdlog::level::trace;
+    case Level::kDebug:
+      return spdlog::level::debug;
+    case Level::kInfo:
+      return spdlog::level::info;
+    case Level::kWarn:
+      return spdlog::level::warn;
+    case Level::kError:
+      return spdlog::level::err;
+    case Level::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::warn;
 }
 
 }  // namespace
 
-constexpr LevelSpelling kLevelSpellings[] = {
-    {"trace", Level::kTrace}, {"debug", Level::kDebug},  {"info", Level::kInfo},
-    {"warn", Level::kWarn},   {"warning", Level::kWarn}, {"error", Level::kError},
-    {"off", Level::kOff},     {"none", Level::kOff}};
+constexpr LevelSpelling kLevelSpellings[] = {{"trace", Level::kTrace},  {"debug", Level::kDebug},
+                                             {"info", Level::kInfo},    {"warn", Level::kWarn},
+                                             {"warning", Level::kWarn}, {"error", Level::kError},
+                                             {"off", Level::kOff},      {"none", Level::kOff}};
 
 std::span<const LevelSpelling> LevelSpellings() { return kLevelSpellings; }
 
@@ -313,12 +319,18 @@ bool ParseLevel(std::string_view text, Level* level) {
 
 const char* LevelName(Level level) {
   switch (level) {
-    case Level::kTrace: return "trace";
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarn: return "warn";
-    case Level::kError: return "error";
-    case Level::kOff: return "off";
+    case Level::kTrace:
+      return "trace";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+    case Level::kOff:
+      return "off";
   }
   return "?";
 }

@@ -51,9 +51,7 @@ LineLimit::Verdict LineLimit::Admit(int64_t now_ms) noexcept {
 
 LineLimit::Verdict LineLimit::Admit() noexcept { return Admit(NowMs()); }
 
-void ResetLineLimitsAfterFork() noexcept {
-  g_fork_epoch.fetch_add(1, std::memory_order_relaxed);
-}
+void ResetLineLimitsAfterFork() noexcept { g_fork_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 bool Admitted(LineLimit& limit, Level level, std::string_view subject, std::string_view what,
               int64_t now_ms) noexcept {

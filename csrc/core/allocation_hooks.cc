@@ -9,11 +9,11 @@
 #include "config/params.h"
 #include "core/device_memory.h"
 #include "core/export/export_ahead.h"
+#include "core/export/vmm_memory.h"
 #include "core/follow.h"
 #include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
-#include "core/export/vmm_memory.h"
 
 namespace vmmipc::core {
 

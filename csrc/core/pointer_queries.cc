@@ -5,10 +5,10 @@
 //    driver does for a legacy IPC mapping (the allocation); on a carve of the
 //    export arena, with the carve, as the driver does for a reservation.
 #include "core/arena/export_arena.h"
+#include "core/export/vmm_memory.h"
 #include "core/hooks.h"
 #include "core/process_state.h"
 #include "core/real.h"
-#include "core/export/vmm_memory.h"
 
 namespace vmmipc::core {
 namespace {

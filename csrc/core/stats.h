@@ -54,7 +54,7 @@ namespace vmmipc::core::stats {
   X(kFdsExported, "fds_exported")                           \
   X(kFdCacheGrants, "fd_cache_grants")                      \
   X(kFdCacheEvictions, "fd_cache_evictions")                \
-  X(kExportKeepAlives, "export_keepalives")                       \
+  X(kExportKeepAlives, "export_keepalives")                 \
   X(kFdsSent, "fds_sent")                                   \
   VMMIPC_STATS_REFUSALS(X##_MAPPED)                         \
   X(kConnectionsDropped, "connections_dropped")             \

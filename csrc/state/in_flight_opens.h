@@ -22,7 +22,7 @@ namespace vmmipc::state {
 
 struct FollowEvent {
   bool resume = false;  // false: a pause (or, with unfollowed, neither)
-  uint64_t base = 0;        // the chunk's base in the exporter
+  uint64_t base = 0;    // the chunk's base in the exporter
   uint64_t size = 0;
   uint32_t generation = 0;       // pause: the one released; resume: the new one
   std::shared_ptr<ScopedFd> fd;  // resume: the new memory (shared by the opens it was logged for)

@@ -10,8 +10,8 @@
 // always holds a live exported fd while it serves (the driver sets up its
 // export state when the process's count of live exported fds goes from 0 to
 // 1, and tears it down inside close() when it returns to 0:
-// docs/driver-behaviour.md#export-cliff). A cached fd lives exactly as long as its mapping's record: the record
-// is taken out before the driver unmaps, and the fd is closed by whoever took
+// docs/driver-behaviour.md#export-cliff). A cached fd lives exactly as long as its mapping's
+// record: the record is taken out before the driver unmaps, and the fd is closed by whoever took
 // it, never under the lock.
 //
 // Locking: one reader-writer mutex guards the records and the cache; it is

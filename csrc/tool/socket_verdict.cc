@@ -52,8 +52,8 @@ void JudgeAbstract(SocketVerdict* verdict) {
   transport::SocketAddress address;
   std::string error;
   const uint32_t instance = SampleInstance();
-  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance), "",
-                                    &address, &error)) {
+  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance),
+                                    "", &address, &error)) {
     verdict->problem = "bind_failed";
     verdict->why = error;
     return;
@@ -87,15 +87,16 @@ void JudgeDirectory(SocketVerdict* verdict) {
   // Every exporter's path has the same length: when one fits, all do.
   const uint32_t instance = SampleInstance();
   transport::SocketAddress address;
-  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance), dir,
-                                    &address, &error)) {
+  if (!transport::NameSocketAddress(verdict->name_uid, transport::SocketOwner::Instance(instance),
+                                    dir, &address, &error)) {
     verdict->problem = "too_long";
     verdict->why = error;
-    verdict->pattern = Pattern(
-        dir + "/" +
-            transport::SocketBaseName(verdict->name_uid, transport::SocketOwner::Instance(instance)) +
-            ".sock",
-        instance);
+    verdict->pattern =
+        Pattern(dir + "/" +
+                    transport::SocketBaseName(verdict->name_uid,
+                                              transport::SocketOwner::Instance(instance)) +
+                    ".sock",
+                instance);
     return;
   }
   verdict->longest_path = address.path.size();

@@ -12,8 +12,8 @@ namespace vmmipc::tool {
 
 struct SocketVerdict {
   bool abstract = true;
-  std::string dir;                // VMMIPC_SOCKET_DIR; empty for abstract names
-  std::string pattern;            // "@vmmipc.<uid>.i<instance>" or "<dir>/vmmipc.<uid>.i<instance>.sock"
+  std::string dir;      // VMMIPC_SOCKET_DIR; empty for abstract names
+  std::string pattern;  // "@vmmipc.<uid>.i<instance>" or "<dir>/vmmipc.<uid>.i<instance>.sock"
   std::string network_namespace;  // "net:[4026531840]", or "unknown"
   uint32_t uid = 0;
   uint32_t name_uid = 0;  // the uid in the names: as the parent user namespace sees `uid`
@@ -21,9 +21,10 @@ struct SocketVerdict {
   // Empty when usable; else one of missing, not_directory, not_private,
   // not_writable, too_long (directories), bind_failed (abstract names).
   std::string problem;
-  std::string why;          // the reason, as the library words it, the directory's name left out
-  size_t longest_path = 0;  // usable directory: bytes of the longest path (every exporter's is as long)
-  size_t path_limit = 0;    // the bytes a socket path may have
+  std::string why;  // the reason, as the library words it, the directory's name left out
+  size_t longest_path =
+      0;  // usable directory: bytes of the longest path (every exporter's is as long)
+  size_t path_limit = 0;  // the bytes a socket path may have
 };
 
 // The verdict for the sockets of `uid` with VMMIPC_SOCKET_DIR `socket_dir`.

@@ -164,8 +164,8 @@ Ended Connect(Fetch& fetch) {
   }
   if (server.uid != fetch.uid) {
     return Fail(FetchStatus::kUnauthentic,
-                fmt::format("{} is held by {} of uid {}, not by our uid {}",
-                            fetch.address.display, PeerPidText(server.pid), server.uid, fetch.uid));
+                fmt::format("{} is held by {} of uid {}, not by our uid {}", fetch.address.display,
+                            PeerPidText(server.pid), server.uid, fetch.uid));
   }
   return std::nullopt;
 }

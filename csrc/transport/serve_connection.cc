@@ -53,8 +53,8 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
                  RefuseReason reason, const std::string& why, int send_ms) {
   if (context.events.refused != nullptr) context.events.refused(reason);
   if (MayLog(context.name))
-    VMMIPC_LOG_WARN("listener {}: refused peer {} uid {} for address {:#x}: {} ({})",
-                    context.name, PeerPidText(peer.pid), peer.uid, address, RefuseReasonName(reason), why);
+    VMMIPC_LOG_WARN("listener {}: refused peer {} uid {} for address {:#x}: {} ({})", context.name,
+                    PeerPidText(peer.pid), peer.uid, address, RefuseReasonName(reason), why);
   wire::ReplyHeader header;
   header.status = static_cast<uint16_t>(reason);
   header.total_chunks = 0;
@@ -63,8 +63,8 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
   const std::vector<uint8_t> bytes = wire::EncodeReply(nonce, key, header, {});
   if (IoResult io = SendMessage(fd, bytes, {}, Deadline::AfterMs(send_ms), context.stop_fd);
       !io.ok()) {
-    VMMIPC_LOG_DEBUG("listener {}: refusal to {} not delivered: {}", context.name, PeerPidText(peer.pid),
-                     IoStatusName(io.status));
+    VMMIPC_LOG_DEBUG("listener {}: refusal to {} not delivered: {}", context.name,
+                     PeerPidText(peer.pid), IoStatusName(io.status));
   }
 }
 
@@ -122,8 +122,8 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
     const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, p.key, header, entries);
     if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer {} failed: {} ({})",
-                      context.name, batch, batches, PeerPidText(p.peer.pid), IoStatusName(io.status),
-                      io.error != 0 ? ErrnoText(io.error) : "no errno");
+                      context.name, batch, batches, PeerPidText(p.peer.pid),
+                      IoStatusName(io.status), io.error != 0 ? ErrnoText(io.error) : "no errno");
       return false;
     }
   }

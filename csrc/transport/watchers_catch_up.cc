@@ -97,7 +97,8 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
   }
   if (!watcher.backlog.empty()) return;  // stale entries wait for their notice
   watcher.lagging = false;
-  VMMIPC_LOG_INFO("follow: importer {} answers again and was sent what it missed", PeerPidText(watcher.pid));
+  VMMIPC_LOG_INFO("follow: importer {} answers again and was sent what it missed",
+                  PeerPidText(watcher.pid));
 }
 
 }  // namespace vmmipc::transport

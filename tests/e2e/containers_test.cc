@@ -212,7 +212,8 @@ TEST_F(Containers, ARootlessImportersFailedOpenSaysWhichUidItLookedUnder) {
   const std::string reply = contained->Call("open " + handle);
   EXPECT_EQ(reply.rfind(ErrPrefix(CUDA_ERROR_INVALID_HANDLE), 0), 0u) << reply;
   const std::string host_uid = std::to_string(geteuid());
-  EXPECT_TRUE(LogShows(*contained, "nobody listens on @vmmipc." + host_uid + ".i")) << Log(*contained);
+  EXPECT_TRUE(LogShows(*contained, "nobody listens on @vmmipc." + host_uid + ".i"))
+      << Log(*contained);
   EXPECT_TRUE(LogShows(*contained, "(this process is uid " + std::to_string(UidInside()) +
                                        " in a user namespace, uid " + host_uid + " outside it)"))
       << Log(*contained);
@@ -295,9 +296,9 @@ TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
     ASSERT_TRUE(exporter && importer) << layout.name;
     const uint64_t legacy = Num(Value(exporter->Call("alloc_legacy " + Hex(kChunk))));
     ASSERT_NE(legacy, 0u) << layout.name;
-    ASSERT_EQ(exporter->Call("fill " + Hex(legacy) + " " + Hex(kChunk) + " " +
-                             std::to_string(seed)),
-              "ok");
+    ASSERT_EQ(
+        exporter->Call("fill " + Hex(legacy) + " " + Hex(kChunk) + " " + std::to_string(seed)),
+        "ok");
     const std::string legacy_result = OpenResult(*importer, Handle(*exporter, legacy), seed);
     ++seed;
     const std::string vmm_result =
@@ -307,11 +308,11 @@ TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
     if (layout.placement.uid >= 0) {
       // Its socket name carries its uid, so it looks where nobody listens.
       EXPECT_NE(vmm_result, "ok") << "another uid's importer was served";
-      EXPECT_TRUE(LogShows(*importer, "nobody listens on @vmmipc." +
-                                          std::to_string(layout.placement.uid) + ".i"))
+      EXPECT_TRUE(LogShows(
+          *importer, "nobody listens on @vmmipc." + std::to_string(layout.placement.uid) + ".i"))
           << Log(*importer);
-      EXPECT_TRUE(LogShows(*importer, "or runs as another uid than " +
-                                          std::to_string(layout.placement.uid)))
+      EXPECT_TRUE(LogShows(*importer,
+                           "or runs as another uid than " + std::to_string(layout.placement.uid)))
           << Log(*importer);
     } else if (!Sim() && legacy_result == "ok") {
       EXPECT_EQ(vmm_result, "ok") << layout.name << ": legacy IPC opens there, vmmipc does not";

@@ -39,9 +39,10 @@ class ExportKeepAlive : public LoggedPeerTest {
   }
 
   std::unique_ptr<PeerProcess> Exporter(const std::string& name, const std::string& anchor) {
-    return Peer(
-        name, "0",
-        {{"VMMIPC_EXPORT_KEEPALIVE", anchor}, {"VMMIPC_STATS", "1"}, {"VMMIPC_LOG_LEVEL", "debug"}});
+    return Peer(name, "0",
+                {{"VMMIPC_EXPORT_KEEPALIVE", anchor},
+                 {"VMMIPC_STATS", "1"},
+                 {"VMMIPC_LOG_LEVEL", "debug"}});
   }
 
   // One buffer's life in `exporter`: made, shared, opened, checked and closed
@@ -198,7 +199,8 @@ TEST_F(ExportKeepAlive, NoMemoryForTheAnchorLeavesNothingAndSharesWork) {
   }
   // The buffer's cuMemCreate comes first; the next one is the anchor's.
   auto with = ShareWithAFailingAnchor(
-      "cuMemCreate", 1, "export keep-alive: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
+      "cuMemCreate", 1,
+      "export keep-alive: none (cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY)");
   ASSERT_NE(with, nullptr);
   // Not tried again: the next share works, makes none and leaves nothing.
   const Resources after = Steady(*with);

@@ -79,8 +79,8 @@ TEST_F(MultiGpu, TwoRanksWriteIntoEachOthersBuffersAtTheSameAddressesInFreshRuns
     // A graph captured over the peer pointer writes into the peer when replayed.
     const uint64_t source = Num(Value(a->Call("alloc_vmm src " + Hex(kChunk) + " 1")));
     ASSERT_EQ(a->Call("fill " + Hex(source) + " " + Hex(kChunk) + " 82"), "ok");
-    const std::string graph = a->Call("graph_copy " + Hex(a_sees_b) + " " + Hex(source) + " " +
-                                      Hex(kChunk));
+    const std::string graph =
+        a->Call("graph_copy " + Hex(a_sees_b) + " " + Hex(source) + " " + Hex(kChunk));
     if (Real()) {
       EXPECT_EQ(graph, "ok");
       EXPECT_EQ(b->Call("check " + Hex(base_b) + " " + Hex(kChunk) + " 82"), "ok");
@@ -105,7 +105,8 @@ TEST_F(MultiGpu, NvlinkBandwidthThroughTheImportedMapping) {
   const uint64_t vmm = Num(Value(exporter->Call("alloc_vmm big " + Hex(kSize) + " 1")));
   const uint64_t legacy = Num(Value(exporter->Call("alloc_legacy " + Hex(kSize))));
   ASSERT_TRUE(vmm != 0 && legacy != 0);
-  const uint64_t vmm_peer = Num(Value(importer->Call("open " + Value(exporter->Call("get " + Hex(vmm))))));
+  const uint64_t vmm_peer =
+      Num(Value(importer->Call("open " + Value(exporter->Call("get " + Hex(vmm))))));
   const uint64_t legacy_peer =
       Num(Value(importer->Call("open " + Value(exporter->Call("get " + Hex(legacy))))));
   const uint64_t local = Num(Value(importer->Call("alloc_legacy " + Hex(kSize))));

@@ -7,9 +7,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -391,9 +391,9 @@ std::unique_ptr<PeerProcess> PeerProcess::Start(const std::map<std::string, std:
     if (placement.user_namespace_uid >= 0 && EnterUserNamespace(maps) != 0) _exit(125);
     if (placement.own_network_namespace && unshare(CLONE_NEWNET) != 0) _exit(126);
     if (placement.own_ipc_namespace && unshare(CLONE_NEWIPC) != 0) _exit(124);
-    if (placement.uid >= 0 &&
-        (setgroups(0, nullptr) != 0 || setresgid(placement.uid, placement.uid, placement.uid) != 0 ||
-         setresuid(placement.uid, placement.uid, placement.uid) != 0))
+    if (placement.uid >= 0 && (setgroups(0, nullptr) != 0 ||
+                               setresgid(placement.uid, placement.uid, placement.uid) != 0 ||
+                               setresuid(placement.uid, placement.uid, placement.uid) != 0))
       _exit(123);
     ExecPeer(in[0], out[1], envp.data());
   } else if (pid < 0) {

@@ -34,9 +34,10 @@ void free_shared_buffer(fptr_t buffer);
 // functions take non-const references, which pybind11's tensor caster should not be asked for.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "vLLM custom all-reduce (csrc/custom_all_reduce.cu), bound for vmmipc's checks";
-  m.def("init_custom_ar",
-        [](const std::vector<fptr_t>& ptrs, torch::Tensor rank_data, int64_t rank,
-           bool fully_connected) { return init_custom_ar(ptrs, rank_data, rank, fully_connected); });
+  m.def("init_custom_ar", [](const std::vector<fptr_t>& ptrs, torch::Tensor rank_data, int64_t rank,
+                             bool fully_connected) {
+    return init_custom_ar(ptrs, rank_data, rank, fully_connected);
+  });
   m.def("all_reduce", [](fptr_t fa, torch::Tensor inp, torch::Tensor out, fptr_t reg_buffer,
                          int64_t reg_buffer_sz_bytes) {
     all_reduce(fa, inp, out, reg_buffer, reg_buffer_sz_bytes);

@@ -122,8 +122,8 @@ TEST_F(SocketDir, PrivateDirectoryOfTheUserIsAccepted) {
   }
   SocketAddress a;
   EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(9), dir_ + "/", &a, &error)) << error;
-  EXPECT_EQ(a.path, dir_ + "/" + SocketBaseName(SocketNameUid(geteuid()), SocketOwner::Pid(9)) +
-                        ".sock");
+  EXPECT_EQ(a.path,
+            dir_ + "/" + SocketBaseName(SocketNameUid(geteuid()), SocketOwner::Pid(9)) + ".sock");
 }
 
 TEST_F(SocketDir, DirectoryOthersCanWriteIsRefused) {

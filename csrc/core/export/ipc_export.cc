@@ -186,8 +186,9 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
   }
   stats::Count(stats::Counter::kRequestsServed);
   stats::Count(stats::Counter::kChunksServed, reply.chunks.size());
-  VMMIPC_LOG_DEBUG("served 0x{:x} to {}: {} chunks in {} us", request.address, transport::PeerPidText(request.peer_pid),
-                   reply.chunks.size(), MicrosSince(start));
+  VMMIPC_LOG_DEBUG("served 0x{:x} to {}: {} chunks in {} us", request.address,
+                   transport::PeerPidText(request.peer_pid), reply.chunks.size(),
+                   MicrosSince(start));
   return reply;
 }
 

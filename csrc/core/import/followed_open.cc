@@ -16,8 +16,8 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
                                              const Opening& open) {
   std::vector<state::FetchedChunk> run;
   for (const transport::ChunkGrant& grant : open.fetched.chunks)
-    run.push_back({grant.address, grant.size, grant.generation,
-                   grant.fd.get(), false, false, nullptr});
+    run.push_back(
+        {grant.address, grant.size, grant.generation, grant.fd.get(), false, false, nullptr});
   if (missed.empty()) return run;
   state::ApplyFollowEvents(missed, &run);
   for (const state::FetchedChunk& chunk : run) {
