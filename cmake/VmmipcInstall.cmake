@@ -94,3 +94,37 @@ write_basic_package_version_file(
 install(FILES ${PROJECT_BINARY_DIR}/install/vmmipcConfig.cmake
               ${PROJECT_BINARY_DIR}/install/vmmipcConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/vmmipc)
+
+# Debug info: the build keeps it (RelWithDebInfo by default: 50 MB of libvmmipc.so, nearly
+# all DWARF); the installed library and vmmipc-config go without it, and it goes beside each
+# in a .debug folder (lib/.debug/libvmmipc.so.debug), linked by .gnu_debuglink, where gdb
+# looks for it wherever the tree is moved. `cmake --install --strip` strips instead (no .debug
+# files); VMMIPC_INSTALL_SPLIT_DEBUG=OFF installs the files as built.
+option(VMMIPC_INSTALL_SPLIT_DEBUG "Install debug info apart, in .debug/ beside each binary" ON)
+if(VMMIPC_INSTALL_SPLIT_DEBUG AND CMAKE_OBJCOPY AND CMAKE_READELF)
+  install(CODE "
+    set(_root \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}\")
+    foreach(_file ${VMMIPC_LIBRARY_DESTINATION}/libvmmipc.so ${VMMIPC_TOOL_DESTINATION}/vmmipc-config)
+      if(NOT IS_ABSOLUTE \"\${_file}\")
+        set(_file \"\${_root}/\${_file}\")
+      endif()
+      if(CMAKE_INSTALL_DO_STRIP OR NOT EXISTS \"\${_file}\")
+        continue()
+      endif()
+      execute_process(COMMAND \"${CMAKE_READELF}\" -S --wide \"\${_file}\"
+                      OUTPUT_VARIABLE _sections RESULT_VARIABLE _rc)
+      if(NOT _rc EQUAL 0 OR NOT _sections MATCHES \"[.]debug_info\")
+        continue()
+      endif()
+      get_filename_component(_dir \"\${_file}\" DIRECTORY)
+      get_filename_component(_name \"\${_file}\" NAME)
+      file(MAKE_DIRECTORY \"\${_dir}/.debug\")
+      message(STATUS \"Splitting debug info: \${_dir}/.debug/\${_name}.debug\")
+      execute_process(COMMAND \"${CMAKE_OBJCOPY}\" --only-keep-debug \"\${_file}\"
+                              \"\${_dir}/.debug/\${_name}.debug\" COMMAND_ERROR_IS_FATAL ANY)
+      execute_process(COMMAND \"${CMAKE_OBJCOPY}\" --strip-debug
+                              \"--add-gnu-debuglink=\${_dir}/.debug/\${_name}.debug\" \"\${_file}\"
+                      COMMAND_ERROR_IS_FATAL ANY)
+    endforeach()
+  ")
+endif()

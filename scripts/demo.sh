@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's demo: builds vmmipc (scripts/setup.sh), then shows two processes
+# The README's demo: builds what it needs (scripts/setup.sh --demo: the library, the
+# simulated driver and the peer program, not the tests), then shows two processes
 # sharing VMM memory through legacy CUDA IPC with libvmmipc.so preloaded, on
 # the GPU when there is one, else on the project's simulated driver. It runs
 # the pair twice to show that the importer's address is the same in fresh runs.
@@ -8,8 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-[ -f "$BUILD_DIR/CMakeCache.txt" ] || scripts/setup.sh
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target vmmipc vmmipc_peer >/dev/null
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target vmmipc vmmipc_peer vmmipc_sim_cuda >/dev/null
+else
+  scripts/setup.sh --demo
+fi
 
 lib="${DEMO_LIB:-$PWD/$BUILD_DIR/csrc/libvmmipc.so}"
 [ -f "$lib" ] || { echo "demo: no library at $lib" >&2; exit 1; }

@@ -1,30 +1,58 @@
 #!/usr/bin/env bash
-# Installs what vmmipc needs from Debian/Ubuntu packages, checks for the CUDA
-# driver API headers, then configures and builds into build/ (or $BUILD_DIR).
+# Installs what vmmipc needs from Debian/Ubuntu packages (apt-get, through sudo when not
+# root), checks for the CUDA driver API headers, then configures and builds into build/
+# (or $BUILD_DIR).
+#   scripts/setup.sh [--demo] [cmake configure args...]
+#   --demo   only what scripts/demo.sh needs: the packages of the library and of the
+#            simulated driver (cmake ninja-build g++ libfmt-dev libspdlog-dev libgtest-dev
+#            libgmock-dev), and the targets vmmipc, vmmipc-config, vmmipc_peer and
+#            vmmipc_sim_cuda. Without it: every package (Google Benchmark, clang for the fuzz
+#            targets too) and every target (scripts/test.sh).
 # Extra arguments go to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
+demo=0
+if [ "${1:-}" = "--demo" ]; then
+  demo=1
+  shift
+fi
 
-packages=(cmake ninja-build g++ binutils libgtest-dev libgmock-dev libspdlog-dev libfmt-dev
-          libbenchmark-dev clang)
-# libFuzzer for tests/fuzz, where the distribution packages it apart from clang
-# (Debian 12: libclang-rt-dev -> libclang-rt-14-dev). Without it the fuzz tests skip.
-optional=(libclang-rt-dev)
+packages=(cmake ninja-build g++ binutils libspdlog-dev libfmt-dev libgtest-dev libgmock-dev)
+optional=()
+targets=(vmmipc vmmipc-config vmmipc_peer vmmipc_sim_cuda)
+if ((demo == 0)); then
+  packages+=(libbenchmark-dev clang)
+  # libFuzzer for tests/fuzz, where the distribution packages it apart from clang
+  # (Debian 12: libclang-rt-dev -> libclang-rt-14-dev). Without it the fuzz tests skip.
+  optional+=(libclang-rt-dev)
+  targets=()
+fi
 missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-for p in "${optional[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
-  apt-cache show "$p" >/dev/null 2>&1 && missing+=("$p")
-done
+if command -v dpkg-query >/dev/null; then
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  for p in "${optional[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+    apt-cache show "$p" >/dev/null 2>&1 && missing+=("$p")
+  done
+else
+  echo "setup: not Debian/Ubuntu (no dpkg-query): installing nothing; vmmipc needs" \
+       "${packages[*]} or their equivalents" >&2
+fi
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  echo "setup: installing ${missing[*]} (apt-get)"
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "setup: not root and no sudo: install ${missing[*]} as root, then run this again" >&2
+      exit 1
+    fi
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # The CUDA toolkit headers (cuda.h) are needed to build; libcuda is not.
@@ -44,8 +72,17 @@ fi
 cuda_root=$(dirname "$(dirname "$cuda_h")")
 echo "setup: CUDA headers in $cuda_root/include"
 
+# Ninja for a new build folder; one configured before (plain cmake: Unix Makefiles) keeps
+# its generator, which cmake refuses to change.
 generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null; then
+  generator=(-G Ninja)
+fi
 cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCUDAToolkit_ROOT="$cuda_root" "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
-echo "setup: built $BUILD_DIR/csrc/libvmmipc.so"
+if ((demo)); then
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
+  echo "setup: built the demo's targets in $BUILD_DIR (${targets[*]})"
+else
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  echo "setup: built $BUILD_DIR/csrc/libvmmipc.so and everything else"
+fi

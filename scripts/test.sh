@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The README's test command: builds if needed, then runs every test that does
-# not need a GPU (labels unit, sim, fuzz). GPU tests: scripts/gpu-check.sh.
+# The README's test command: installs what the tests need and builds everything
+# (scripts/setup.sh: after the demo's setup, the rest: tests, benchmarks, fuzz
+# targets), then runs every test that does not need a GPU (labels unit, sim,
+# fuzz). GPU tests: scripts/gpu-check.sh. Arguments go to ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-[ -f "$BUILD_DIR/CMakeCache.txt" ] || scripts/setup.sh
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+scripts/setup.sh
 ctest --test-dir "$BUILD_DIR" -LE gpu --output-on-failure -j "$(nproc)" "$@"

@@ -7,6 +7,7 @@ vmmipc-config's (vmmipc.settled); the driver is asked by a child process
 
 import os
 import resource
+import shlex
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from vmmipc.settled import ToolError, settle
 class Report:
     """Lines of the check, and the reasons behind the verdict."""
 
-    TAGS = {"ok": "ok", "info": "info", "warn": "WARN", "fail": "FAIL"}
+    TAGS = {"ok": "ok", "info": "info", "warn": "WARN", "fail": "FAIL", "next": "next"}
 
     def __init__(self):
         self.failures = []
@@ -217,6 +218,57 @@ def check_log_file(report, config):
     report.line("ok", "log file", f"lines go to {pattern}{here}")
 
 
+# Where drivers are installed that the loader may not search: distributions' library
+# folders, NVIDIA's container toolkit, WSL, the GPU operator's driver container. Never the
+# toolkit's stubs/ (a libcuda.so that only links).
+DRIVER_FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                  "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
+                  "/usr/lib/wsl/lib", "/run/nvidia/driver/usr/lib64",
+                  "/run/nvidia/driver/usr/lib/x86_64-linux-gnu")
+
+
+def drivers_found(folders=DRIVER_FOLDERS, name="libcuda.so.1"):
+    """The files called `name` in `folders` (the loader may not search them)."""
+    return [os.path.join(folder, name) for folder in folders
+            if os.path.isfile(os.path.join(folder, name))]
+
+
+def demo_command():
+    """How to run the demo on the simulated driver from this installation, or None: the
+    source tree's scripts/demo.sh (it builds what it needs), else the wheel's
+    `python -m vmmipc demo` (its simulator in vmmipc/_sim)."""
+    root = paths.source_root()
+    if root:
+        return os.path.join(root, "scripts", "demo.sh")
+    if paths.simulator():
+        return f"{shlex.quote(sys.executable)} -m vmmipc demo"
+    return None
+
+
+def next_steps(report, missing, requested, folders=DRIVER_FOLDERS):
+    """After a check without a driver (check_driver.NO_DRIVER) or without a GPU (NO_GPU):
+    how to point vmmipc at a driver, and how to try it without a GPU."""
+    if missing == check_driver.NO_DRIVER:
+        found = drivers_found(folders, os.path.basename(requested or "libcuda.so.1"))
+        if found:
+            folder = os.path.dirname(found[0])
+            report.line("next", "driver", f"{found[0]} exists but was not loaded: "
+                        f"LD_LIBRARY_PATH={folder} vmmipc-run --check, or "
+                        f"VMMIPC_CUDA_LIBRARY={found[0]}")
+        else:
+            report.line("next", "driver", "on a GPU machine, name the driver's folder "
+                        "(LD_LIBRARY_PATH=/path/to/driver/lib vmmipc-run --check) or its file "
+                        "(VMMIPC_CUDA_LIBRARY=/path/to/libcuda.so.1); in a container, start it "
+                        "with GPU access (docker run --gpus all)")
+    demo = demo_command()
+    if demo:
+        report.line("next", "try it", f"without a GPU, on vmmipc's simulated driver: {demo}")
+    else:
+        report.line("next", "try it", "without a GPU, on vmmipc's simulated driver: from the "
+                    "wheel (pip install vmmipc; python -m vmmipc demo) or a source tree "
+                    "(scripts/demo.sh)")
+
+
 def check(args, library, looked_at):
     """The whole check; returns the exit status (0 OK, 2 WARN, 1 FAIL)."""
     env = dict(os.environ)
@@ -245,8 +297,10 @@ def check(args, library, looked_at):
         return report.verdict()
     probe = check_driver.run_probe(config["VMMIPC_CUDA_LIBRARY"],
                                    check_driver.reservations(config))
-    check_driver.check_driver(report, probe, config)
+    missing = check_driver.check_driver(report, probe, config)
     check_rank(report, config, args.rank is not None, probe.get("devices", []), env, library)
     check_sockets(report, config)
     check_process(report, config)
+    if missing:
+        next_steps(report, missing, probe.get("requested"))
     return report.verdict()

@@ -61,26 +61,33 @@ def human_bytes(size):
     return f"{size / unit:.1f} {units[index]}"
 
 
+# What check_driver found missing, for --check's next steps (vmmipc.check.next_steps).
+NO_DRIVER = "no driver"
+NO_GPU = "no GPU"
+
+
 def check_driver(report, probe, config):
-    """Driver, GPUs, peer access, zone, fallback and arena lines."""
+    """Driver, GPUs, peer access, zone, fallback and arena lines. Returns NO_DRIVER when
+    libcuda cannot be loaded, NO_GPU when it has no device, else None."""
     name = probe.get("requested")
     if "probe_error" in probe:
         report.line("fail", "CUDA driver", f"{name}: {probe['probe_error']}",
                     f"the CUDA driver probe failed ({probe['probe_error']})")
-        return
+        return None
     if "load_error" in probe:
         report.line("fail", "CUDA driver", f"{name} cannot be loaded: {probe['load_error']}",
                     "no CUDA driver (libcuda cannot be loaded; is the NVIDIA driver installed, "
                     "and is this a GPU machine or container started with GPU access?)")
-        return
+        return NO_DRIVER
     path = probe.get("path", name)
     init = probe.get("init", {})
     if init.get("code") != CUDA_SUCCESS:
+        no_device = init.get("code") == CUDA_ERROR_NO_DEVICE
         why = ("no GPU is visible (check CUDA_VISIBLE_DEVICES and the container's GPU access)"
-               if init.get("code") == CUDA_ERROR_NO_DEVICE else "the driver did not initialise")
+               if no_device else "the driver did not initialise")
         report.line("fail", "CUDA driver", f"{path}: cuInit failed: {init.get('name')}",
                     f"{why}: cuInit returned {init.get('name')}")
-        return
+        return NO_GPU if no_device else None
     version = probe.get("driver_version")
     shown = f"CUDA {version // 1000}.{version % 1000 // 10}" if version else "CUDA version unknown"
     if probe.get("simulated"):
@@ -93,7 +100,7 @@ def check_driver(report, probe, config):
     devices = probe.get("devices", [])
     if not devices:
         report.line("fail", "GPUs", "none", "no GPU is visible")
-        return
+        return NO_GPU
     if visible is not None:
         report.line("info", "GPUs", f"{len(devices)} visible (CUDA_VISIBLE_DEVICES={visible})")
     usable = 0
@@ -104,6 +111,7 @@ def check_driver(report, probe, config):
                     "no GPU supports VMM with POSIX-fd export")
     _peer_line(report, probe.get("peer", {}), len(devices))
     _reservation_lines(report, probe, config)
+    return None
 
 
 def _device_line(report, device):

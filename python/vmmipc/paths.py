@@ -1,9 +1,10 @@
 """Where the pieces of vmmipc are, wherever this package is installed.
 
 Three layouts: a wheel (`pip install .`: libvmmipc.so and vmmipc-config inside this
-package, the sitecustomize hook in vmmipc/_site), a cmake --install tree
-(share/vmmipc/python/vmmipc, the library in lib/, vmmipc-config in bin/), and a
-source tree (python/vmmipc, both built in $BUILD_DIR/csrc).
+package, the sitecustomize hook in vmmipc/_site, the simulated driver and the demo's
+peer in vmmipc/_sim), a cmake --install tree (share/vmmipc/python/vmmipc, the library
+in lib/, vmmipc-config in bin/, no simulator), and a source tree (python/vmmipc, both
+built in $BUILD_DIR/csrc, the simulator in $BUILD_DIR/sim).
 """
 
 import os
@@ -11,6 +12,8 @@ import sysconfig
 
 LIBRARY_NAME = "libvmmipc.so"
 TOOL_NAME = "vmmipc-config"
+SIM_DRIVER_NAME = "libcuda.so.1"  # the simulated driver, under the real one's name
+PEER_NAME = "vmmipc_peer"
 
 
 def package_dir():
@@ -92,6 +95,33 @@ def find_tool(library=None):
     unique = list(dict.fromkeys(candidates))
     found = [path for path in unique if os.path.isfile(path) and os.access(path, os.X_OK)]
     return (found[0] if found else None), unique
+
+
+def simulator():
+    """(folder of the simulated libcuda.so.1, path of vmmipc_peer) for the demo, or None:
+    the wheel's vmmipc/_sim, else the source tree's build. Only `python -m vmmipc demo`
+    asks: the folder is put in LD_LIBRARY_PATH of the demo's own children, and never
+    anywhere else, so that the simulator cannot stand in for the real driver."""
+    places = [(os.path.join(package_dir(), "_sim"), os.path.join(package_dir(), "_sim"))]
+    build = _source_build_dir()
+    if build:
+        root = os.path.dirname(build)
+        places.append((os.path.join(root, "sim"), os.path.join(root, "tests", "e2e")))
+    for sim_dir, peer_dir in places:
+        peer = os.path.join(peer_dir, PEER_NAME)
+        if os.path.isfile(os.path.join(sim_dir, SIM_DRIVER_NAME)) and os.access(peer, os.X_OK):
+            return os.path.abspath(sim_dir), os.path.abspath(peer)
+    return None
+
+
+def source_root():
+    """The source tree around this package (it has scripts/demo.sh), or None."""
+    if _install_prefix():
+        return None
+    root = _tree_root(package_dir(), "python", "vmmipc")
+    if root and os.path.isfile(os.path.join(root, "scripts", "demo.sh")):
+        return root
+    return None
 
 
 def python_dir():
