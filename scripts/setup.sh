@@ -3,11 +3,11 @@
 # root), checks for the CUDA driver API headers, then configures and builds into build/
 # (or $BUILD_DIR).
 #   scripts/setup.sh [--demo] [cmake configure args...]
-#   --demo   only what scripts/demo.sh needs: the packages of the library and of the
-#            simulated driver (cmake ninja-build g++ libfmt-dev libspdlog-dev libgtest-dev
-#            libgmock-dev), and the targets vmmipc, vmmipc-config, vmmipc_peer and
-#            vmmipc_sim_cuda. Without it: every package (Google Benchmark, clang for the fuzz
-#            targets too) and every target (scripts/test.sh).
+#   --demo   only what scripts/demo.sh needs: the packages of the library (cmake ninja-build
+#            g++ binutils libfmt-dev libspdlog-dev), and the targets vmmipc, vmmipc-config,
+#            vmmipc_peer and vmmipc_sim_cuda (VMMIPC_BUILD_SIM: without GTest too). Without
+#            it: every package (GTest, Google Benchmark, clang for the fuzz targets) and every
+#            target (scripts/test.sh).
 # Extra arguments go to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +18,13 @@ if [ "${1:-}" = "--demo" ]; then
   shift
 fi
 
-packages=(cmake ninja-build g++ binutils libspdlog-dev libfmt-dev libgtest-dev libgmock-dev)
+packages=(cmake ninja-build g++ binutils libspdlog-dev libfmt-dev)
 optional=()
 targets=(vmmipc vmmipc-config vmmipc_peer vmmipc_sim_cuda)
+configure=(-DVMMIPC_BUILD_SIM=ON)
 if ((demo == 0)); then
-  packages+=(libbenchmark-dev clang)
+  packages+=(libgtest-dev libgmock-dev libbenchmark-dev clang)
+  configure=()
   # libFuzzer for tests/fuzz, where the distribution packages it apart from clang
   # (Debian 12: libclang-rt-dev -> libclang-rt-14-dev). Without it the fuzz tests skip.
   optional+=(libclang-rt-dev)
@@ -78,7 +80,8 @@ generator=()
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null; then
   generator=(-G Ninja)
 fi
-cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCUDAToolkit_ROOT="$cuda_root" "$@" >/dev/null
+cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCUDAToolkit_ROOT="$cuda_root" "${configure[@]}" "$@" \
+  >/dev/null
 if ((demo)); then
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
   echo "setup: built the demo's targets in $BUILD_DIR (${targets[*]})"
