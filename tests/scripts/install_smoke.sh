@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The install tree as a user gets it: `cmake --install BUILD --prefix P`, then
-# P/bin/vmmipc-run --check (no driver: it must find the installed library and
-# fail on the driver only), its options settled by P/bin/vmmipc-config, the run
+# the library and vmmipc-config without debug info (it is in .debug/ beside them,
+# linked by .gnu_debuglink), P/bin/vmmipc-run --check (no driver: it must find the
+# installed library, fail on the driver only and say what to do next), its options
+# settled by P/bin/vmmipc-config, the run
 # mode's LD_PRELOAD, --deepep's Python hook,
 # pkg-config, a CMake project that does find_package(vmmipc), and the same
 # after moving the tree.
@@ -27,6 +29,22 @@ for f in bin/vmmipc-run bin/vmmipc-config share/vmmipc/python/vmmipc/deepep.py \
 done
 [ -x "$work/p/bin/vmmipc-run" ] || fail "bin/vmmipc-run is not executable"
 [ -x "$work/p/bin/vmmipc-config" ] || fail "bin/vmmipc-config is not executable"
+# Debug info apart (cmake/VmmipcInstall.cmake), unless the build turned that off.
+if command -v readelf >/dev/null &&
+   ! grep -q "^VMMIPC_INSTALL_SPLIT_DEBUG:BOOL=OFF" "$build/CMakeCache.txt"; then
+  for f in "$lib" "$work/p/bin/vmmipc-config"; do
+    ! grep -q "\.debug_info" <<<"$(readelf -S --wide "$f")" || fail "$f has its debug info"
+    debug=$(dirname "$f")/.debug/$(basename "$f").debug
+    if [ -f "$debug" ]; then
+      grep -q "\.debug_info" <<<"$(readelf -S --wide "$debug" 2>/dev/null)" ||
+        fail "$debug has no debug info"
+      grep -q "$(basename "$debug")" <<<"$(readelf --string-dump=.gnu_debuglink "$f")" ||
+        fail "$f does not link $debug"
+    fi
+  done
+  echo "install_smoke: installed libvmmipc.so $(du -k "$lib" | cut -f1) KiB (built:" \
+       "$(du -k "$build/csrc/libvmmipc.so" | cut -f1) KiB)"
+fi
 [ -f "$libdir/pkgconfig/vmmipc.pc" ] || fail "vmmipc.pc not installed"
 [ -f "$libdir/cmake/vmmipc/vmmipcConfig.cmake" ] || fail "vmmipcConfig.cmake not installed"
 
@@ -39,6 +57,9 @@ check_tree() {  # prefix
     fail "--check did not find the installed library: $out"
   grep -q "^VERDICT: FAIL: cannot share memory here: no CUDA driver" <<<"$out" ||
     fail "--check verdict: $out"
+  # No simulator in an install tree: the wheel's demo or the source tree's.
+  grep -q "^\[next\] try it .*python -m vmmipc demo) or a source tree (scripts/demo.sh)" \
+    <<<"$out" || fail "--check's next step: $out"
   # The installed vmmipc-config settles the options (BUILD_DIR: no source tree to fall back on).
   out=$(env -u LD_PRELOAD BUILD_DIR=/nonexistent "$p/bin/vmmipc-run" --log-level INFO --print-env)
   grep -q "^export VMMIPC_LOG_LEVEL=info$" <<<"$out" || fail "--log-level in $p: $out"
