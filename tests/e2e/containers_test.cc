@@ -43,20 +43,33 @@ std::string Hex8(uint64_t value) {
   return text;
 }
 
-TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
+// Two pid namespaces of the test's, in each of which a peer can be given
+// one chosen pid (clone3's set_tid): which pid a namespace's next process
+// gets depends on what else started there (TSan's runtime, the namespace's
+// own probes). Empty, with the reason, where either cannot be had.
+struct TwoPidNamespaces {
+  std::unique_ptr<PidNamespace> first, second;
+  std::string why_not;
+};
+TwoPidNamespaces MakeTwoPidNamespaces() {
+  TwoPidNamespaces made;
   std::string why;
-  auto first_namespace = PidNamespace::Create(&why);
-  if (first_namespace == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;
-  auto second_namespace = PidNamespace::Create(&why);
-  ASSERT_NE(second_namespace, nullptr) << why;
-  // The same pid in both, chosen (clone3's set_tid): which pid a namespace's
-  // next process gets depends on what else started there (TSan's runtime,
-  // the namespace's own probes).
-  if (!first_namespace->ChoosesPids(&why) || !second_namespace->ChoosesPids(&why))
-    GTEST_SKIP() << "cannot give both exporters one pid: " << why;
+  made.first = PidNamespace::Create(&why);
+  if (made.first) made.second = PidNamespace::Create(&why);
+  if (!made.first || !made.second) {
+    made.why_not = "cannot make a pid namespace here: " + why;
+  } else if (!made.first->ChoosesPids(&why) || !made.second->ChoosesPids(&why)) {
+    made.why_not = "cannot give both exporters one pid: " + why;
+  }
+  return made;
+}
+
+TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
+  const TwoPidNamespaces namespaces = MakeTwoPidNamespaces();
+  if (!namespaces.why_not.empty()) GTEST_SKIP() << namespaces.why_not;
   constexpr pid_t kSharedPid = 77;
-  auto first = Peer("exporter-a", "0", {}, {first_namespace.get(), kSharedPid});
-  auto second = Peer("exporter-b", "1", {}, {second_namespace.get(), kSharedPid});
+  auto first = Peer("exporter-a", "0", {}, {namespaces.first.get(), kSharedPid});
+  auto second = Peer("exporter-b", "1", {}, {namespaces.second.get(), kSharedPid});
   auto importer = Peer("importer", "2");
   ASSERT_TRUE(first && second && importer);
   const std::string a = Handle(*first, VmmBuffer(*first, "a", 1, 61));
@@ -126,16 +139,11 @@ TEST_F(Containers, AnImporterInAnotherNetworkNamespaceNeedsTheSocketDirectory) {
 // thinks it is rank 0): the importer places the second best-effort, and its
 // one warning names both by pid and instance, since the pids alone read the same.
 TEST_F(Containers, TwoExportersOfOnePidOnOneRankSlotAreToldApartByInstance) {
-  std::string why;
-  auto first_namespace = PidNamespace::Create(&why);
-  if (first_namespace == nullptr) GTEST_SKIP() << "cannot make a pid namespace here: " << why;
-  auto second_namespace = PidNamespace::Create(&why);
-  ASSERT_NE(second_namespace, nullptr) << why;
-  if (!first_namespace->ChoosesPids(&why) || !second_namespace->ChoosesPids(&why))
-    GTEST_SKIP() << "cannot give both exporters one pid: " << why;
+  const TwoPidNamespaces namespaces = MakeTwoPidNamespaces();
+  if (!namespaces.why_not.empty()) GTEST_SKIP() << namespaces.why_not;
   constexpr pid_t kSharedPid = 78;
-  auto first = Peer("exporter-a", "0", {}, {first_namespace.get(), kSharedPid});
-  auto second = Peer("exporter-b", "0", {}, {second_namespace.get(), kSharedPid});
+  auto first = Peer("exporter-a", "0", {}, {namespaces.first.get(), kSharedPid});
+  auto second = Peer("exporter-b", "0", {}, {namespaces.second.get(), kSharedPid});
   auto importer = Peer("importer", "1");
   ASSERT_TRUE(first && second && importer);
   const std::string a = Handle(*first, VmmBuffer(*first, "a", 1, 66));

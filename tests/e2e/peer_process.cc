@@ -89,19 +89,6 @@ bool WriteProcFile(const char* path, const char* text, size_t length) {
 
 }  // namespace
 
-bool CanMakeNetworkNamespace(std::string* why) {
-  const pid_t child = fork();
-  if (child == 0) _exit(unshare(CLONE_NEWNET) == 0 ? 0 : (errno & 0x7f));
-  int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) {
-    *why = "fork or wait failed";
-    return false;
-  }
-  if (WEXITSTATUS(status) == 0) return true;
-  *why = "unshare(CLONE_NEWNET): " + ErrnoText(WEXITSTATUS(status));
-  return false;
-}
-
 namespace {
 
 // The uid and gid maps of PeerPlacement::user_namespace_uid: the test's ids
@@ -124,20 +111,33 @@ int EnterUserNamespace(const UserNamespaceMaps& maps) {
   return 0;
 }
 
-}  // namespace
-
-bool CanMakeUserNamespace(std::string* why) {
-  const UserNamespaceMaps maps(0);
+// Whether `attempt` (returning 0 or an errno) succeeds in a forked child,
+// which then exits; if not, `what` and the errno in *why.
+template <typename Attempt>
+bool WorksInAChild(Attempt attempt, const char* what, std::string* why) {
   const pid_t child = fork();
-  if (child == 0) _exit(EnterUserNamespace(maps) & 0x7f);
+  if (child == 0) _exit(attempt() & 0x7f);
   int status = 0;
   if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) {
     *why = "fork or wait failed";
     return false;
   }
   if (WEXITSTATUS(status) == 0) return true;
-  *why = "unshare(CLONE_NEWUSER) and its uid map: " + ErrnoText(WEXITSTATUS(status));
+  *why = std::string(what) + ": " + ErrnoText(WEXITSTATUS(status));
   return false;
+}
+
+}  // namespace
+
+bool CanMakeNetworkNamespace(std::string* why) {
+  return WorksInAChild([] { return unshare(CLONE_NEWNET) == 0 ? 0 : errno; },
+                       "unshare(CLONE_NEWNET)", why);
+}
+
+bool CanMakeUserNamespace(std::string* why) {
+  const UserNamespaceMaps maps(0);
+  return WorksInAChild([&maps] { return EnterUserNamespace(maps); },
+                       "unshare(CLONE_NEWUSER) and its uid map", why);
 }
 
 namespace {
