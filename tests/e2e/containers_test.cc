@@ -240,25 +240,19 @@ std::string OpenResult(PeerProcess& importer, const std::string& handle, int see
   return checked == "ok" ? "ok" : "opened, but " + checked;
 }
 
-// What legacy CUDA IPC itself needs across containers, beside vmmipc, in one
-// run: an exporter where the test runs, an importer in each layout a
-// container runtime makes (its own pid namespace with its /proc, network
-// namespace, IPC namespace, user namespace, a rootless podman's user and
-// network namespaces, another uid). Each layout opens a cuMemAlloc buffer
-// through legacy IPC and a VMM buffer through vmmipc; vmmipc is given what
-// its docs say to set there (VMMIPC_SOCKET_DIR where the network namespace
-// differs). The table is printed; the rule checked is the issue's: on the
-// real driver vmmipc opens wherever legacy IPC does, but for another uid,
-// which vmmipc does not serve by design (docs/security.md), with its one line.
-TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
-  struct Layout {
-    std::string name;
-    PeerPlacement placement;
-    std::string skip;  // why the layout cannot be made here; empty when it can
-  };
+// A container layout of the table below: where its importer runs, or why
+// that cannot be made here.
+struct Layout {
+  std::string name;
+  PeerPlacement placement;
+  std::string skip;  // why the layout cannot be made here; empty when it can
+};
+
+// The layouts a container runtime makes, the importer's pid namespace being
+// `pid_namespace` (null: none could be made, `no_pid_namespace` says why).
+std::vector<Layout> ContainerLayouts(const PidNamespace* pid_namespace,
+                                     const std::string& no_pid_namespace) {
   std::string why;
-  auto pid_namespace = PidNamespace::Create(&why);
-  const std::string no_pid_namespace = pid_namespace ? "" : "no pid namespace: " + why;
   const std::string no_user_namespace =
       CanMakeUserNamespace(&why) ? "" : "no user namespace: " + why;
   const std::string no_network_namespace =
@@ -267,7 +261,7 @@ TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
   std::vector<Layout> layouts(7);
   layouts[0].name = "same namespaces";
   layouts[1].name = "own pid namespace (+ mount, /proc)";
-  layouts[1].placement.pid_namespace = pid_namespace.get();
+  layouts[1].placement.pid_namespace = pid_namespace;
   layouts[1].skip = no_pid_namespace;
   layouts[2].name = "own network namespace";
   layouts[2].placement.own_network_namespace = true;
@@ -287,7 +281,24 @@ TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
   layouts[6].name = "another uid (65534)";
   layouts[6].placement.uid = 65534;
   layouts[6].skip = not_root;
+  return layouts;
+}
 
+// What legacy CUDA IPC itself needs across containers, beside vmmipc, in one
+// run: an exporter where the test runs, an importer in each layout a
+// container runtime makes (its own pid namespace with its /proc, network
+// namespace, IPC namespace, user namespace, a rootless podman's user and
+// network namespaces, another uid). Each layout opens a cuMemAlloc buffer
+// through legacy IPC and a VMM buffer through vmmipc; vmmipc is given what
+// its docs say to set there (VMMIPC_SOCKET_DIR where the network namespace
+// differs). The table is printed; the rule checked is the issue's: on the
+// real driver vmmipc opens wherever legacy IPC does, but for another uid,
+// which vmmipc does not serve by design (docs/security.md), with its one line.
+TEST_F(Containers, LegacyIpcAndVmmipcInEachContainerLayout) {
+  std::string why;
+  auto pid_namespace = PidNamespace::Create(&why);
+  const std::vector<Layout> layouts =
+      ContainerLayouts(pid_namespace.get(), pid_namespace ? "" : "no pid namespace: " + why);
   char dir_template[] = "/tmp/vmmipc-layouts-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   std::string table = "\nlayout | legacy CUDA IPC | vmmipc\n--- | --- | ---\n";
