@@ -14,7 +14,7 @@
 #include "core/import/placement.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::core {
 namespace {

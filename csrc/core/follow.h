@@ -15,7 +15,7 @@
 
 #include "core/process_state.h"
 #include "state/vmm_mappings.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
 
 namespace vmmipc::core {
 

@@ -12,7 +12,7 @@
 #include "common/syscall.h"
 #include "config/params.h"
 #include "core/stats.h"
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::core {
 namespace {

@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "config/params.h"
 #include "transport/chunk_grant.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
 
 namespace vmmipc::core::stats {
 namespace {

@@ -11,7 +11,7 @@
 
 namespace vmmipc::transport {
 enum class RefuseReason : uint16_t;  // transport/chunk_grant.h
-enum class FetchStatus;              // transport/peer_client.h
+enum class FetchStatus;              // transport/client/fetch_client.h
 }  // namespace vmmipc::transport
 
 namespace vmmipc::core::stats {

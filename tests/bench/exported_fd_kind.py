@@ -1,6 +1,6 @@
 """What kind of file the driver's exported POSIX fd of a VMM allocation is (no vmmipc): its
 fstat type and mode, /proc link and fdinfo, and whether the importer's kind check
-(transport/peer_fds.cc: regular file, non-terminal character device or anonymous inode)
+(transport/client/peer_fds.cc: regular file, non-terminal character device or anonymous inode)
 takes it. Run on the GPU machine: python3 tests/bench/exported_fd_kind.py. Exit 77: no GPU."""
 
 import os

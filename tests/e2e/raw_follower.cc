@@ -16,8 +16,8 @@
 
 #include "common/scoped_fd.h"
 #include "state/handle_codec.h"
-#include "transport/fd_channel.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::testing {

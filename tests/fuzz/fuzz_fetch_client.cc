@@ -1,4 +1,4 @@
-// Fuzz target: the importer's whole exchange (transport/peer_client.h,
+// Fuzz target: the importer's whole exchange (transport/client/fetch_client.h,
 // FetchChunks) against a scripted fake exporter on a real abstract socket:
 // reply parsing, batch sequencing, fd accounting, the final overlap check.
 // The fake exporter (a thread) reads the request, then sends the messages the
@@ -19,10 +19,10 @@
 #include <thread>
 
 #include "fuzz_util.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/reaper/fd_reaper.h"
 #include "transport/socket_address.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::fuzz {
 namespace {

@@ -1,5 +1,5 @@
 // Fuzz target: the exporter's whole handling of one connection
-// (transport/serve_connection.h, ServeConnection) fed arbitrary bytes through
+// (transport/serve/serve_connection.h, ServeConnection) fed arbitrary bytes through
 // a socketpair, with a fuzzed handler answer: credentials, request parsing,
 // the uid and MAC checks, the grant checks, batching and fd sending.
 // Input: ctl u8 (bit 0: put the right MAC on the request; bit 1: keep the
@@ -26,9 +26,9 @@
 #include <stdexcept>
 
 #include "fuzz_util.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/serve_connection.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/serve_connection.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::fuzz {
 namespace {

@@ -24,7 +24,7 @@ check_one() {  # file: prints FAIL and the first errors when it does not compile
 export -f check_one
 export CXX=$cxx SRC=$src FAKE=$fake EXTRA="$*"
 report=$(for layer in common config state transport; do
-           printf '%s\0' "$src/csrc/$layer"/*.cc "$src/csrc/$layer"/*.h
+           find "$src/csrc/$layer" -name "*.cc" -print0 -o -name "*.h" -print0
          done | xargs -0 -n 1 -P "$(nproc)" bash -c 'check_one "$0"')
 if [ -n "$report" ]; then
   echo "$report"

@@ -41,9 +41,9 @@
 #include "common/scoped_fd.h"
 #include "core/process_state.h"
 #include "state/vmm_mappings.h"
-#include "transport/peer_client.h"
-#include "transport/watch_client.h"
-#include "transport/watchers.h"
+#include "transport/client/fetch_client.h"
+#include "transport/client/watch_client.h"
+#include "transport/serve/watchers.h"
 
 extern "C" int __real_fcntl(int fd, int cmd, ...);
 extern "C" ssize_t __real_write(int fd, const void* buffer, size_t size);
@@ -303,7 +303,7 @@ TEST(CoreForkLocks, AForkFromInsideTheCriticalSectionDoesNotWaitForItself) {
   state.exporter.mappings().Remove(exported.bases[0], 3 * kChunk);
 }
 
-// The exporter's watch list (transport/watchers.h), which lives in the
+// The exporter's watch list (transport/serve/watchers.h), which lives in the
 // listener; here one of its own, with the fork handlers core registers for
 // the process state's (ExportSide::PrepareFork and the rest) registered for
 // it. The second Adopt looks for hung-up importers under the list's lock and

@@ -22,9 +22,9 @@
 
 #include "common/log.h"
 #include "test_process.h"
-#include "transport/fd_reaper.h"
-#include "transport/listener.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/listener.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
 

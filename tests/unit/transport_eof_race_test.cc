@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "test_process.h"
-#include "transport/fd_channel.h"
-#include "transport/listener.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/serve/listener.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 extern "C" ssize_t __real_recvmsg(int fd, msghdr* msg, int flags);

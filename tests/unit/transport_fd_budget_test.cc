@@ -6,7 +6,7 @@
 
 #include "common/scoped_fd.h"
 #include "test_process.h"
-#include "transport/fd_budget.h"
+#include "transport/serve/fd_budget.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "lingering_socket.h"
 #include "test_process.h"
-#include "transport/fd_disposal.h"
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_disposal.h"
+#include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
 namespace {

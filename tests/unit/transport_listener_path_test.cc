@@ -14,8 +14,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "transport/listener.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/serve/listener.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
 

@@ -29,12 +29,12 @@
 #include "lingering_socket.h"
 #include "listener_test_support.h"
 #include "test_process.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/listener.h"
-#include "transport/listener_socket.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/listener.h"
+#include "transport/serve/listener_socket.h"
 #include "transport/socket_address.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

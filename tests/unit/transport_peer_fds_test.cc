@@ -16,11 +16,11 @@
 
 #include "lingering_socket.h"
 #include "test_process.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/peer_client.h"
-#include "transport/peer_fds.h"
+#include "transport/client/fetch_client.h"
+#include "transport/client/peer_fds.h"
+#include "transport/reaper/fd_reaper.h"
 #include "transport/socket_address.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

@@ -17,9 +17,9 @@
 
 #include "common/log.h"
 #include "lingering_socket.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/serve_connection.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/serve_connection.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

@@ -10,8 +10,8 @@
 
 #include "lingering_socket.h"
 #include "test_process.h"
-#include "transport/fd_channel.h"
-#include "transport/watch_client.h"
+#include "transport/client/watch_client.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "test_process.h"
-#include "transport/fd_channel.h"
-#include "transport/watchers.h"
+#include "transport/serve/watchers.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 namespace {

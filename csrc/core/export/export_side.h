@@ -35,7 +35,7 @@
 #include "common/scoped_fd.h"
 #include "state/chunk_generations.h"
 #include "state/vmm_mappings.h"
-#include "transport/listener.h"
+#include "transport/serve/listener.h"
 
 namespace vmmipc::core {
 

@@ -25,7 +25,7 @@
 #include "core/stats.h"
 #include "driver/status.h"
 #include "state/handle_codec.h"
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::core {

@@ -54,8 +54,8 @@
 #include "state/import_zone.h"
 #include "state/in_flight_opens.h"
 #include "state/zone_anchor_table.h"
-#include "transport/peer_client.h"
-#include "transport/watch_client.h"
+#include "transport/client/fetch_client.h"
+#include "transport/client/watch_client.h"
 
 namespace vmmipc::core {
 

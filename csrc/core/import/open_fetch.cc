@@ -12,7 +12,7 @@ namespace vmmipc::core {
 namespace {
 
 // What cuIpcOpenMemHandle returns for a failed fetch and for an exporter's
-// refusal. The names of both enums come from their lists (transport/peer_client.h,
+// refusal. The names of both enums come from their lists (transport/client/fetch_client.h,
 // transport/chunk_grant.h), their counters from core/stats.h; transport knows no
 // CUresult, so these two switches are the one hand-written mapping. Every
 // declared value is listed (no default) and a missing one fails the build.

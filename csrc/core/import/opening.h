@@ -20,7 +20,7 @@
 #include "state/handle_codec.h"
 #include "state/import_table.h"
 #include "state/in_flight_opens.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
 
 namespace vmmipc::core {
 

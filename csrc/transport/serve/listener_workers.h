@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "transport/serve_connection.h"
-#include "transport/serve_handler.h"
+#include "transport/serve/serve_connection.h"
+#include "transport/serve/serve_handler.h"
 
 namespace vmmipc::transport {
 

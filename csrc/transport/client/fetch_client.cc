@@ -4,7 +4,7 @@
 // every step is bounded by the fetch's one deadline, never by one of its
 // own. Any failure closes every fd received so far (they live in ScopedFd
 // throughout, and go to the reaper: none is closed on the caller's thread).
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
 
 #include <unistd.h>
 
@@ -15,10 +15,10 @@
 #include "common/log.h"
 #include "common/random.h"
 #include "common/syscall.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/peer_fds.h"
+#include "transport/client/peer_fds.h"
+#include "transport/reaper/fd_reaper.h"
 #include "transport/socket_address.h"
+#include "transport/socket_io.h"
 #include "transport/socket_uid.h"
 #include "transport/wire.h"
 

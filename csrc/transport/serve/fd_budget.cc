@@ -1,5 +1,5 @@
 // The fd budget's measurement (RLIMIT_NOFILE, /proc/self/fd) and its caps.
-#include "transport/fd_budget.h"
+#include "transport/serve/fd_budget.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/scoped_fd.h"
+#include "transport/serve/socket_file.h"
 #include "transport/socket_address.h"
-#include "transport/socket_file.h"
 
 namespace vmmipc::transport {
 

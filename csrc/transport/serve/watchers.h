@@ -44,9 +44,9 @@
 
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
-#include "transport/fd_budget.h"
-#include "transport/fd_channel.h"
+#include "transport/serve/fd_budget.h"
 #include "transport/siphash.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "common/scoped_fd.h"
-#include "transport/fd_budget.h"
-#include "transport/fd_channel.h"
-#include "transport/listener.h"
-#include "transport/listener_workers.h"
-#include "transport/serve_connection.h"
+#include "transport/serve/fd_budget.h"
+#include "transport/serve/listener.h"
+#include "transport/serve/listener_workers.h"
+#include "transport/serve/serve_connection.h"
+#include "transport/serve/socket_file.h"
+#include "transport/serve/watchers.h"
 #include "transport/socket_address.h"
-#include "transport/socket_file.h"
-#include "transport/watchers.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 

@@ -1,6 +1,6 @@
 // The listening socket's making: socket, a stale path cleared, fchmod before
 // bind, bind, SO_PASSRIGHTS off, listen.
-#include "transport/listener_socket.h"
+#include "transport/serve/listener_socket.h"
 
 #include <dirent.h>
 #include <sys/socket.h>
@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "common/syscall.h"
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 #include "transport/socket_uid.h"
 
 namespace vmmipc::transport {

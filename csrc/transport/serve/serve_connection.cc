@@ -4,7 +4,7 @@
 // peer can be told) or a dropped connection, with one log line, rate-limited
 // so that a flood of hostile connections cannot flood the host's stderr; no
 // exception leaves this file.
-#include "transport/serve_connection.h"
+#include "transport/serve/serve_connection.h"
 
 #include <poll.h>
 
@@ -14,7 +14,7 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "common/syscall.h"
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -11,8 +11,8 @@
 #include <map>
 #include <utility>
 
-#include "transport/fd_reaper.h"
-#include "transport/watchers.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/watchers.h"
 
 namespace vmmipc::transport {
 

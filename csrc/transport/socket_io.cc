@@ -1,7 +1,7 @@
 // Socket syscalls of the transport, each wait bounded. Sends and receives use
 // MSG_DONTWAIT plus poll() rather than blocking calls with SO_RCVTIMEO, so that
 // one deadline spans a whole exchange and a stop fd can interrupt any wait.
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 
 #include <fmt/format.h>
 #include <poll.h>

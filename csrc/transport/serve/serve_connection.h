@@ -17,10 +17,10 @@
 #include <string>
 
 #include "common/scoped_fd.h"
-#include "transport/fd_channel.h"
-#include "transport/serve_handler.h"
+#include "transport/serve/serve_handler.h"
+#include "transport/serve/watchers.h"
 #include "transport/siphash.h"
-#include "transport/watchers.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

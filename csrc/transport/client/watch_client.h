@@ -1,5 +1,5 @@
 // WatchClient: the importer's side of follow. It holds one watch connection
-// per exporter (kept after a fetch that asked for it, peer_client.h) and one
+// per exporter (kept after a fetch that asked for it, fetch_client.h) and one
 // thread that reads their events, hands each to the handler (core: unmap on
 // a pause, map the new memory on a resume) and sends the handler's answer
 // back as the ack. The thread starts with the first connection (never at
@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "common/scoped_fd.h"
-#include "transport/peer_client.h"
+#include "transport/client/fetch_client.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport {

@@ -1,12 +1,12 @@
 // The listener's workers: the job queue, its threads, their start and stop.
-#include "transport/listener_workers.h"
+#include "transport/serve/listener_workers.h"
 
 #include <exception>
 
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "transport/fd_reaper.h"
-#include "transport/listener_impl.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/listener_impl.h"
 
 namespace vmmipc::transport {
 

@@ -1,6 +1,6 @@
 // The importer's watch thread: poll the watch connections and a wake-up
 // eventfd, read each event with its fd, let core follow it, ack.
-#include "transport/watch_client.h"
+#include "transport/client/watch_client.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -17,9 +17,9 @@
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_reaper.h"
-#include "transport/peer_fds.h"
+#include "transport/client/peer_fds.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 

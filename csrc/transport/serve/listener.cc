@@ -5,7 +5,7 @@
 // The poll thread's loop is listener_poll.cc, the connection budget
 // listener_admission.cc, the workers listener_workers.h; what happens on one
 // connection is serve_connection.cc's.
-#include "transport/listener.h"
+#include "transport/serve/listener.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -16,8 +16,8 @@
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
-#include "transport/listener_impl.h"
-#include "transport/listener_socket.h"
+#include "transport/serve/listener_impl.h"
+#include "transport/serve/listener_socket.h"
 
 namespace vmmipc::transport {
 

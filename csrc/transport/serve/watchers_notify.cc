@@ -8,8 +8,8 @@
 #include <cerrno>
 
 #include "common/log.h"
-#include "transport/watchers.h"
-#include "transport/watchers_impl.h"
+#include "transport/serve/watchers.h"
+#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -1,4 +1,4 @@
-// fd_channel over real sockets: memfds passed with SCM_RIGHTS arrive CLOEXEC
+// socket_io over real sockets: memfds passed with SCM_RIGHTS arrive CLOEXEC
 // and share the memory, waits end at the deadline or the stop fd, a full
 // backlog times out, and fds the kernel could not install are reported.
 #include <dirent.h>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "test_process.h"
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -45,7 +45,7 @@ std::string ReadAt(int fd, size_t size) {
 using vmmipc::testing::SeqpacketPair;
 using vmmipc::testing::SocketPair;
 
-TEST(TransportFdChannel, MemfdTravelsAndSharesMemory) {
+TEST(TransportSocketIo, MemfdTravelsAndSharesMemory) {
   const int before = FdCount();
   {
     SocketPair p = SeqpacketPair();
@@ -79,7 +79,7 @@ TEST(TransportFdChannel, MemfdTravelsAndSharesMemory) {
   EXPECT_EQ(FdCount(), before);
 }
 
-TEST(TransportFdChannel, MaxFdsInOneMessage) {
+TEST(TransportSocketIo, MaxFdsInOneMessage) {
   const int before = FdCount();
   {
     SocketPair p = SeqpacketPair();
@@ -99,7 +99,7 @@ TEST(TransportFdChannel, MaxFdsInOneMessage) {
   EXPECT_EQ(FdCount(), before);
 }
 
-TEST(TransportFdChannel, LongMessageIsMarkedTruncated) {
+TEST(TransportSocketIo, LongMessageIsMarkedTruncated) {
   SocketPair p = SeqpacketPair();
   const uint8_t data[10] = {};
   ASSERT_TRUE(SendMessage(p.a.get(), data, {}, Deadline::AfterMs(1000)).ok());
@@ -110,7 +110,7 @@ TEST(TransportFdChannel, LongMessageIsMarkedTruncated) {
   EXPECT_EQ(m.length, 4u);
 }
 
-TEST(TransportFdChannel, ReceiveTimesOut) {
+TEST(TransportSocketIo, ReceiveTimesOut) {
   SocketPair p = SeqpacketPair();
   uint8_t buffer[4];
   ReceivedMessage m;
@@ -122,7 +122,7 @@ TEST(TransportFdChannel, ReceiveTimesOut) {
   EXPECT_LT(ms, 600);
 }
 
-TEST(TransportFdChannel, StopFdEndsTheWait) {
+TEST(TransportSocketIo, StopFdEndsTheWait) {
   SocketPair p = SeqpacketPair();
   ScopedFd stop(eventfd(1, EFD_CLOEXEC));
   uint8_t buffer[4];
@@ -133,7 +133,7 @@ TEST(TransportFdChannel, StopFdEndsTheWait) {
   EXPECT_LT(ElapsedMs(start), 500);
 }
 
-TEST(TransportFdChannel, PeerCloseIsReported) {
+TEST(TransportSocketIo, PeerCloseIsReported) {
   SocketPair p = SeqpacketPair();
   p.a.Reset();
   uint8_t buffer[4];
@@ -145,7 +145,7 @@ TEST(TransportFdChannel, PeerCloseIsReported) {
             IoStatus::kPeerClosed);  // EPIPE, and no SIGPIPE
 }
 
-TEST(TransportFdChannel, SendTimesOutWhenPeerDoesNotRead) {
+TEST(TransportSocketIo, SendTimesOutWhenPeerDoesNotRead) {
   SocketPair p = SeqpacketPair();
   const std::vector<uint8_t> data(4096, 0);
   const auto start = Clock::now();
@@ -156,7 +156,7 @@ TEST(TransportFdChannel, SendTimesOutWhenPeerDoesNotRead) {
   EXPECT_LT(ElapsedMs(start), 2000);
 }
 
-TEST(TransportFdChannel, PeerCredentialsAreOurs) {
+TEST(TransportSocketIo, PeerCredentialsAreOurs) {
   SocketPair p = SeqpacketPair();
   PeerCredentials c;
   ASSERT_TRUE(GetPeerCredentials(p.a.get(), &c).ok());
@@ -165,7 +165,7 @@ TEST(TransportFdChannel, PeerCredentialsAreOurs) {
   EXPECT_EQ(c.gid, getegid());
 }
 
-TEST(TransportFdChannel, ConnectToNobody) {
+TEST(TransportSocketIo, ConnectToNobody) {
   const int before = FdCount();
   SocketAddress abstract_address;
   std::string error;
@@ -186,7 +186,7 @@ TEST(TransportFdChannel, ConnectToNobody) {
   EXPECT_EQ(FdCount(), before);
 }
 
-TEST(TransportFdChannel, FullBacklogTimesOut) {
+TEST(TransportSocketIo, FullBacklogTimesOut) {
   SocketAddress address;
   std::string error;
   ASSERT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(0x7ffffff1u), "", &address, &error));
@@ -206,7 +206,7 @@ TEST(TransportFdChannel, FullBacklogTimesOut) {
   EXPECT_LT(ElapsedMs(start), 1500);
 }
 
-TEST(TransportFdChannel, FdsTheKernelCannotInstallAreReported) {
+TEST(TransportSocketIo, FdsTheKernelCannotInstallAreReported) {
   // In a child, since it lowers RLIMIT_NOFILE below what a batch needs.
   SocketPair p = SeqpacketPair();
   ScopedFd memfd = Memfd("x");

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "transport/serve_handler.h"
+#include "transport/serve/serve_handler.h"
+#include "transport/serve/watchers.h"
 #include "transport/siphash.h"
-#include "transport/watchers.h"
 
 namespace vmmipc::transport {
 

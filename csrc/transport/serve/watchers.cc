@@ -2,7 +2,7 @@
 // served, activated or cancelled with its reply, dropped when its importer
 // hangs up or breaks the protocol; the poll thread's part (PollFds, then
 // Maintain); a forked child's walk-away.
-#include "transport/watchers.h"
+#include "transport/serve/watchers.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "transport/watchers_impl.h"
+#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 namespace {

@@ -1,5 +1,5 @@
 // Taking a peer's fd apart before its last close: SO_LINGER off, queues emptied.
-#include "transport/fd_disposal.h"
+#include "transport/reaper/fd_disposal.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 
-#include "transport/fd_channel.h"
+#include "transport/socket_io.h"
 
 namespace vmmipc::transport {
 namespace {

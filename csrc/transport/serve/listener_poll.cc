@@ -13,8 +13,8 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "common/syscall.h"
-#include "transport/fd_reaper.h"
-#include "transport/listener_impl.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/listener_impl.h"
 
 namespace vmmipc::transport {
 namespace {

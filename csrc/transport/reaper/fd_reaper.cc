@@ -1,6 +1,6 @@
 // The reaper's inbox (a socketpair) and its threads, which move into a
 // private fd table (private_fd_table.h) where they can.
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_reaper.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,9 +17,9 @@
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
-#include "transport/fd_channel.h"
-#include "transport/fd_disposal.h"
-#include "transport/private_fd_table.h"
+#include "transport/reaper/fd_disposal.h"
+#include "transport/reaper/private_fd_table.h"
+#include "transport/socket_io.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define VMMIPC_TSAN 1

@@ -1,5 +1,5 @@
 // The kind check of a peer's fds (fstat, F_GETFL, isatty) and their hand-over to the reaper.
-#include "transport/peer_fds.h"
+#include "transport/client/peer_fds.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 
 #include "common/syscall.h"
-#include "transport/fd_reaper.h"
+#include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
 

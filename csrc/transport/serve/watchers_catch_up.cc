@@ -2,8 +2,8 @@
 // chunk it holds, and its catch-up once it has acked everything sent before
 // it lagged, as many events as its connection takes without waiting.
 #include "common/log.h"
-#include "transport/watchers.h"
-#include "transport/watchers_impl.h"
+#include "transport/serve/watchers.h"
+#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 

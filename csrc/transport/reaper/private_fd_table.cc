@@ -1,5 +1,5 @@
 // Entering a private fd table: probe, unshare, copy the one fd in, fill stdio.
-#include "transport/private_fd_table.h"
+#include "transport/reaper/private_fd_table.h"
 
 #include <fcntl.h>
 #include <sys/syscall.h>
