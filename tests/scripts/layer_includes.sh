@@ -6,7 +6,10 @@
 # core/export nothing of core/import, core/arena nothing of either; core/'s own
 # files (process state, the driver door, stats, follow, the hooks that span
 # sides) may include every side; the tool (vmmipc-config) uses the layers
-# below core only. Checks every #include "layer/..." of csrc/.
+# below core only. Inside transport, the roles keep apart the same way:
+# transport/client and transport/serve include nothing of each other,
+# transport/reaper nothing of either, and the shared base (transport/'s own
+# files) nothing of any role. Checks every #include "layer/..." of csrc/.
 # Usage: layer_includes.sh SRC_DIR
 set -euo pipefail
 src=$1
@@ -25,6 +28,13 @@ declare -A forbidden_sides=(
   [export]="import"
   [import]="export arena"
   [arena]="export import"
+)
+# The roles of transport, and the roles each may not include; the base is
+# transport/'s own files (not in a role folder).
+declare -A forbidden_roles=(
+  [client]="serve"
+  [serve]="client"
+  [reaper]="client serve"
 )
 failed=0
 for layer in "${!allowed[@]}"; do
@@ -47,5 +57,18 @@ for side in "${!forbidden_sides[@]}"; do
     done < <(grep -rnE "^#include \"core/$other/" "$src/csrc/core/$side" || true)
   done
 done
-((failed == 0)) && echo "every include of csrc/ follows the layers and core's sides"
+for role in "${!forbidden_roles[@]}"; do
+  [ -d "$src/csrc/transport/$role" ] || { echo "FAIL csrc/transport/$role is missing"; failed=1; continue; }
+  for other in ${forbidden_roles[$role]}; do
+    while IFS= read -r hit; do
+      echo "FAIL ${hit#"$src"/} (transport/$role may not include transport/$other)"
+      failed=1
+    done < <(grep -rnE "^#include \"transport/$other/" "$src/csrc/transport/$role" || true)
+  done
+done
+while IFS= read -r hit; do
+  echo "FAIL ${hit#"$src"/} (transport's base may include no role: client, serve, reaper)"
+  failed=1
+done < <(grep -nE '^#include "transport/(client|serve|reaper)/' "$src"/csrc/transport/*.h "$src"/csrc/transport/*.cc || true)
+((failed == 0)) && echo "every include of csrc/ follows the layers, core's sides and transport's roles"
 exit "$failed"
