@@ -12,6 +12,7 @@
 #include "common/syscall.h"
 #include "config/params.h"
 #include "core/stats.h"
+#include "transport/client/warm_connections.h"
 #include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::core {
@@ -62,24 +63,24 @@ ProcessState* Create() {
 // for any other thread inside them, and which the parent and the child
 // release after the fork. Taken in this order: the mapping table (the
 // exported-fd cache), the export keep-alive, the listener's watch list, the watch
-// client's connections. Each is held only to read or write what it guards,
-// never across I/O, a driver call or another lock, so its holder always
-// leaves it, and no thread ever holds two: no order of taking them can
-// deadlock with one. The other locks of the state (the listener's start, the
-// warm-up, placement, the driver's) are held across driver calls or I/O, and
-// the child never touches what they guard. A state created between
-// BeforeFork and the fork has its fork locks untaken; their ParentAfterFork
-// and ChildAfterFork know it.
+// client's connections, the importer's warm connections. Each is held only to read or write what it
+// guards, never across I/O, a driver call or another lock, so its holder always leaves it, and no
+// thread ever holds two: no order of taking them can deadlock with one. The other locks of the
+// state (the listener's start, the warm-up, placement, the driver's) are held across driver calls
+// or I/O, and the child never touches what they guard. A state created between BeforeFork and the
+// fork has its fork locks untaken; their ParentAfterFork and ChildAfterFork know it.
 void BeforeFork() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
   state->exporter.PrepareFork();
   state->importer.PrepareFork();
+  transport::WarmConnectionsPrepareFork();
 }
 
 void AfterForkInParent() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
+  transport::WarmConnectionsParentAfterFork();
   state->importer.ParentAfterFork();
   state->exporter.ParentAfterFork();
 }
@@ -92,6 +93,7 @@ void AfterForkInChild() {
   log::ResetAfterFork();
   stats::ResetAfterFork();
   transport::ResetReaperAfterFork();
+  transport::WarmConnectionsAfterForkInChild();
   ProcessState* old = g_state.load(std::memory_order_relaxed);
   if (old != nullptr) {
     old->exporter.AbandonAfterFork();

@@ -81,10 +81,11 @@ void RecordOpen(ProcessState& state, Opening* open) {
   const int64_t map_us = MicrosSince(open->map_start);
   VMMIPC_LOG_DEBUG(
       "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
-      "(connect {} us, answer {} us), place {} us, map {} us (import_map {} us, set_access {} us)",
+      "({} {} us, answer {} us), place {} us, map {} us (import_map {} us, set_access {} us)",
       h.address, h.pid, record.pointer, record.chunks.size(), open->plan.mapped_now.size(),
-      open->fetch_us, open->fetched.connect_us, open->fetched.answer_us, open->place_us, map_us,
-      open->import_and_map_us, map_us - open->import_and_map_us);
+      open->fetch_us, open->fetched.warm ? "warm connection" : "connect", open->fetched.connect_us,
+      open->fetched.answer_us, open->place_us, map_us, open->import_and_map_us,
+      map_us - open->import_and_map_us);
 }
 
 }  // namespace vmmipc::core

@@ -16,6 +16,7 @@
 #include "common/random.h"
 #include "common/syscall.h"
 #include "transport/client/peer_fds.h"
+#include "transport/client/warm_connections.h"
 #include "transport/reaper/fd_reaper.h"
 #include "transport/socket_address.h"
 #include "transport/socket_io.h"
@@ -52,6 +53,11 @@ struct Fetch {
   const uint32_t uid = ::geteuid();
   SocketAddress address;
   ScopedFd sock;
+  // The request goes on a kept connection (warm_connections.h), and whether
+  // that connection turned out dead before any answer came (its exporter
+  // closed it just before our request): then the fetch connects afresh once.
+  bool reused = false;
+  bool warm_lost = false;
   SteadyClock::time_point connected;
   SipKey key;                // the handle's: MACs the request and every answer
   wire::Nonce nonce{};       // this exchange's: every answer must carry it
@@ -135,11 +141,8 @@ std::string NoListenerReasons(const Fetch& fetch) {
                      fetch.request.handle.exporter_pid, where, user);
 }
 
-// Connects to the name of the handle's exporter (its instance; a version 2
-// handle: its pid), then checks who holds it before
-// saying anything to it: another user's process squatting the name gets not
-// even our request.
-Ended Connect(Fetch& fetch) {
+// The name of the handle's exporter: its instance (a version 2 handle: its pid).
+Ended Address(Fetch& fetch) {
   std::string error;
   const FetchRequest& request = fetch.request;
   const SocketOwner owner = request.exporter_instance != 0
@@ -148,6 +151,24 @@ Ended Connect(Fetch& fetch) {
   if (!MakeSocketAddress(fetch.uid, owner, fetch.options.socket_dir, &fetch.address, &error)) {
     return Fail(FetchStatus::kNoExporter, error);
   }
+  return std::nullopt;
+}
+
+// A kept connection to that name, if there is one fit for a request: its
+// exporter's credentials were checked when it was made, and SO_PEERCRED
+// does not change for the life of a connection.
+bool TakeWarm(Fetch& fetch) {
+  if (fetch.options.warm_connections == 0) return false;
+  fetch.sock = TakeWarmConnection(fetch.address.display);
+  if (!fetch.sock.valid()) return false;
+  fetch.reused = true;
+  fetch.connected = SteadyClock::now();
+  return true;
+}
+
+// Connects to that name, then checks who holds it before saying anything to
+// it: another user's process squatting the name gets not even our request.
+Ended Connect(Fetch& fetch) {
   if (IoResult io = ConnectSeqpacket(fetch.address, fetch.deadline, &fetch.sock); !io.ok()) {
     if (io.status == IoStatus::kError &&
         (io.error == ECONNREFUSED || io.error == ENOENT || io.error == ENOTDIR)) {
@@ -185,6 +206,7 @@ Ended SendRequest(Fetch& fetch) {
   fetch.key = wire::DeriveKey(request.capability, request.handle.exporter_pid);
   const auto request_bytes = wire::EncodeRequest(wire_request, fetch.key);
   if (IoResult io = SendMessage(fetch.sock.get(), request_bytes, {}, fetch.deadline); !io.ok()) {
+    fetch.warm_lost = fetch.reused && io.status == IoStatus::kPeerClosed;
     return IoFailure(io, "sending the request", fetch);
   }
   return std::nullopt;
@@ -196,6 +218,7 @@ Ended SendRequest(Fetch& fetch) {
 Ended PeekBatch(Fetch& fetch, std::vector<uint8_t>& buffer, Batch& batch) {
   if (IoResult io = PeekMessage(fetch.sock.get(), buffer, &batch.peeked, fetch.deadline);
       !io.ok()) {
+    fetch.warm_lost = fetch.reused && batch.index == 0 && io.status == IoStatus::kPeerClosed;
     return IoFailure(io, batch.what, fetch);
   }
   if (batch.peeked.truncated) {
@@ -348,11 +371,17 @@ FetchResult HandOver(Fetch& fetch) {
   fetch.chunks.clear();  // moved from: nothing left for ~Fetch to reap
   result.connect_us = MicrosBetween(fetch.start, fetch.connected);
   result.answer_us = MicrosSince(fetch.connected);
+  result.warm = fetch.reused;
   if (fetch.options.watch) {
     // The answer verified: this connection is the exporter's. Kept for its events.
     result.watch.fd = std::move(fetch.sock);
     result.watch.key = fetch.key;
     result.watch.nonce = fetch.nonce;
+  } else {
+    // A complete exchange, every batch verified and taken: nothing of this
+    // one is left on the connection, which serves the next fetch.
+    KeepWarmConnection(fetch.address.display, std::move(fetch.sock),
+                       fetch.options.warm_connections);
   }
   return result;
 }
@@ -372,11 +401,27 @@ const char* FetchStatusName(FetchStatus status) {
   return "unknown";
 }
 
+// The request and its whole reply, on the fetch's connection.
+Ended Exchange(Fetch& fetch) {
+  if (Ended ended = SendRequest(fetch)) return ended;
+  return ReceiveReply(fetch);
+}
+
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) try {
   Fetch fetch(request, options);
+  if (Ended ended = Address(fetch)) return std::move(*ended);
+  if (TakeWarm(fetch)) {
+    Ended ended = Exchange(fetch);
+    if (!ended) return HandOver(fetch);
+    // The kept connection was closed by its exporter before it answered
+    // (idle, over its budget, or it exited): the request was not served, so
+    // it goes once more on a new connection, within the same deadline.
+    if (!fetch.warm_lost) return std::move(*ended);
+    CloseConnection(std::move(fetch.sock));
+    fetch.reused = fetch.warm_lost = false;
+  }
   if (Ended ended = Connect(fetch)) return std::move(*ended);
-  if (Ended ended = SendRequest(fetch)) return std::move(*ended);
-  if (Ended ended = ReceiveReply(fetch)) return std::move(*ended);
+  if (Ended ended = Exchange(fetch)) return std::move(*ended);
   return HandOver(fetch);
 } catch (const std::bad_alloc&) {
   return Fail(FetchStatus::kNoResources, "out of memory");

@@ -4,6 +4,7 @@
 // returned unless every batch verified, so the caller never maps a squatter's memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ struct ClientOptions {
   int timeout_ms = 5000;   // bound on the whole exchange
   bool watch = false;      // ask the exporter to keep the connection for events (follow)
   uint32_t follower = 0;   // this importer's follower id (follow; required with watch)
+  // Keep the connection after the fetch, and reuse a kept one, up to this
+  // many in all (warm_connections.h); 0: a new connection per fetch.
+  size_t warm_connections = 0;
 };
 
 // A connection kept after a fetch with ClientOptions::watch: the exporter
@@ -81,6 +85,7 @@ struct FetchResult {
   // socket and connect, then the request sent until the answer is in hand.
   int64_t connect_us = 0;
   int64_t answer_us = 0;
+  bool warm = false;  // the request went on a kept connection (warm_connections.h)
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);

@@ -59,6 +59,8 @@ ConnectionCaps CapsFor(size_t limit, size_t open, size_t held) {
   caps.watchers = Clamp(free / 4, kMaxWatchConnections);
   caps.others_waiting = Clamp(free / 16, kMaxOthersWaiting);
   caps.per_other_uid = Clamp(caps.others_waiting / 2, kMaxPerOtherUid);
+  // None at all when fds are that short: a kept connection is a convenience.
+  caps.kept = std::min(free / 8, kMaxKeptConnections);
   return caps;
 }
 

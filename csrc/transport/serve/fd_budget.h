@@ -32,18 +32,26 @@ inline constexpr size_t kMaxPerOtherUid = 16;
 //   this exporter (one per follower id); 1024 is far more importer processes
 //   than any one node runs.
 inline constexpr size_t kMaxWatchConnections = 1024;
+// - our importers' connections kept after their reply for their next request
+//   (warm connections): an importer keeps a few per exporter (kWarmPerExporter
+//   in transport/client/warm_connections.h), and any one peer process at
+//   most kMaxKeptPerPeer here, so that one process cannot take them all.
+inline constexpr size_t kMaxKeptConnections = 1024;
+inline constexpr size_t kMaxKeptPerPeer = 8;
 
 // The caps now. Each class gets a share of the fds the host has free (those
 // it has not opened itself, the listener's own connections counted as free):
 // a quarter for our uid's waiting connections, a quarter for watch
-// connections, a sixteenth for other users'. All of them full at once leave
-// the host 7/16 of what it had free; never less than one of each, so that a
-// host at its limit is still served, one peer at a time.
+// connections, an eighth for kept ones, a sixteenth for other users'. All of
+// them full at once leave the host 5/16 of what it had free; never less than
+// one of each (kept: none), so that a host at its limit is still served, one
+// peer at a time.
 struct ConnectionCaps {
   size_t own_waiting = kMaxOwnWaiting;
   size_t others_waiting = kMaxOthersWaiting;
   size_t per_other_uid = kMaxPerOtherUid;
   size_t watchers = kMaxWatchConnections;
+  size_t kept = kMaxKeptConnections;
 };
 // For a process that may open `limit` fds and has `open` open, `held` of them
 // the listener's connections.

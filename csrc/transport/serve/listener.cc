@@ -40,13 +40,15 @@ bool Listener::Impl::StartServing(std::string* error) {
   // Room for every connection the caps let wait, so that the poll thread
   // never allocates for one.
   waiting.reserve(kMaxOwnWaiting + kMaxOthersWaiting);
+  kept.reserve(kMaxKeptConnections);  // Keep never allocates on the poll thread
   MeasureBudget(false);
   const ConnectionCaps& caps = budget.caps();
   VMMIPC_LOG_DEBUG(
       "listener {}: {} of {} fds free: at most {} connections of our uid and {} of other users "
-      "({} per user) waiting for their request, {} watch connections",
+      "({} per user) waiting for their request, {} watch connections, {} kept for an importer's "
+      "next request",
       address.display, budget.free_fds(), budget.limit(), caps.own_waiting, caps.others_waiting,
-      caps.per_other_uid, caps.watchers);
+      caps.per_other_uid, caps.watchers, caps.kept);
   try {
     thread = StartQuietThread("vmmipc-listen", [this] { Run(); });
   } catch (const std::exception& e) {

@@ -51,9 +51,10 @@ std::string Listener::Impl::OverCap(uint32_t uid) const {
   return {};
 }
 
-// The connections the listener holds: waiting ones and watch connections.
+// The connections the listener holds: waiting, kept and watch connections.
 size_t Listener::Impl::Held() const noexcept {
-  return waiting.size() + (context.watchers != nullptr ? context.watchers->count() : 0);
+  return waiting.size() + kept.size() +
+         (context.watchers != nullptr ? context.watchers->count() : 0);
 }
 
 void Listener::Impl::MeasureBudget(bool out_of_fds) noexcept {

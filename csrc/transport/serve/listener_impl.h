@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,10 @@ struct Listener::Impl {
   // whether it ran out of fds last time (the caps were cut to what was free
   // then: the first accept that works again measures afresh).
   std::vector<Connection> waiting;
+  // Connections of our importers kept after their reply for their next
+  // request (warm connections): within the budget's cap, kMaxKeptPerPeer per
+  // peer process, each at most kKeptIdleMs idle.
+  std::vector<Connection> kept;
   size_t own_waiting = 0;
   size_t others_waiting = 0;
   FdBudget budget;
@@ -68,7 +73,9 @@ struct Listener::Impl {
   void ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept;
   void AcceptQueued() noexcept;
   void AcceptFailed(int error) noexcept;
+  void ReadKept(std::span<const pollfd> pfds, bool polled) noexcept;
   void Answer(PendingRequest request) noexcept;
+  void Keep(ScopedFd fd, const PeerCredentials& peer) noexcept;
 
   // listener_admission.cc, the poll thread's too.
   void Admit(Connection connection) noexcept;

@@ -50,7 +50,11 @@ void Listener::Impl::Run() noexcept {
       pfds.push_back({c.fd.get(), POLLIN, 0});
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
     }
-    // After the waiting connections (their indexes above stay): every watch
+    // The kept connections after them (their idle bound is long: the poll
+    // period's wake-ups are enough to see it pass).
+    const size_t kept_fds = pfds.size();
+    for (const Connection& c : kept) pfds.push_back({c.fd.get(), POLLIN, 0});
+    // After the waiting and kept connections (their indexes above stay): every watch
     // connection, for its hang-up, and lagging followers, whose answers and
     // room bring Maintain back at once.
     const size_t watch_fds = pfds.size();
@@ -69,12 +73,52 @@ void Listener::Impl::Run() noexcept {
       // Full: perhaps the host has closed fds since the cap was set.
       if (context.watchers->count() >= budget.caps().watchers) RefreshBudget();
     }
-    // Requests first (their peers are waiting), then the deadlines, then new peers.
+    // Requests first (their peers are waiting), then the deadlines, then new
+    // peers. The kept connections' first: those are our importers' next
+    // opens, and a request read from them may bring a connection back to kept.
+    const size_t kept_count = kept.size();
+    ReadKept(std::span<const pollfd>(pfds).subspan(kept_fds, kept_count), n > 0);
     ReadWaiting(pfds, n > 0);
     if (n > 0 && accepting && pfds[1].revents != 0) AcceptQueued();
   }
   for (Connection& c : waiting) CloseConnection(std::move(c.fd));
   waiting.clear();
+  for (Connection& c : kept) CloseConnection(std::move(c.fd));
+  kept.clear();
+}
+
+// Reads the requests that came on the kept connections polled (`pfds`, one
+// per connection, in order) and closes those whose importer hung up or that
+// idled past their bound, keeping the rest in order, in place. An answer may
+// keep its connection again: Keep appends it past the polled ones, within
+// the capacity reserved at Start, and it joins the kept ones at the end.
+void Listener::Impl::ReadKept(std::span<const pollfd> pfds, bool polled) noexcept {
+  const size_t count = std::min(kept.size(), pfds.size());
+  size_t still = 0;
+  for (size_t i = 0; i < count; ++i) {
+    Connection& c = kept[i];
+    if (polled && pfds[i].revents != 0) {
+      PendingRequest request;
+      const ReadOutcome outcome = ReadRequest(c, context, &request);
+      if (outcome == ReadOutcome::kReady) {
+        Answer(std::move(request));
+        continue;
+      }
+      if (outcome == ReadOutcome::kDone) continue;
+    }
+    if (c.deadline.Expired()) {
+      CloseKept(std::move(c), context);
+      continue;
+    }
+    if (still != i) kept[still] = std::move(kept[i]);
+    ++still;
+  }
+  // Those kept again during the loop, down after the ones still kept.
+  for (size_t i = count; i < kept.size(); ++i) {
+    if (still != i) kept[still] = std::move(kept[i]);
+    ++still;
+  }
+  kept.erase(kept.begin() + static_cast<ptrdiff_t>(still), kept.end());
 }
 
 // Reads the requests that came (`polled`: the poll said which) and drops the
@@ -165,14 +209,32 @@ void Listener::Impl::AcceptFailed(int error) noexcept {
 // would add a thread wake-up to every open
 // (docs/driver-behaviour.md#thread-hand-off). Longer replies are sent by a
 // worker, since their sends may wait on a peer that does not read.
+// The connection is then kept for the importer's next request, where the
+// budget allows (Keep); a worker's closes it (its importer connects again).
 void Listener::Impl::Answer(PendingRequest request) noexcept {
   ServeReply reply;
   if (!PrepareReply(request, context, &reply)) return;
   if (ReplyFitsOneMessage(reply)) {
-    SendReply(std::move(request), std::move(reply), context);
+    const PeerCredentials peer = request.peer;
+    Keep(SendReplyKeeping(std::move(request), std::move(reply), context), peer);
     return;
   }
   workers.Dispatch(ListenerJob{std::move(request), std::move(reply), nullptr});
+}
+
+// A connection whose reply went out whole, kept for its importer's next
+// request within the kept connections' cap and kMaxKeptPerPeer for its peer
+// process; else closed, and the importer's next fetch connects again.
+void Listener::Impl::Keep(ScopedFd fd, const PeerCredentials& peer) noexcept {
+  if (!fd.valid()) return;
+  const size_t of_peer = static_cast<size_t>(std::count_if(
+      kept.begin(), kept.end(), [&](const Connection& c) { return c.peer.pid == peer.pid; }));
+  if (kept.size() >= budget.caps().kept || of_peer >= kMaxKeptPerPeer ||
+      kept.size() == kept.capacity()) {
+    CloseConnection(std::move(fd));
+    return;
+  }
+  kept.push_back(Connection{std::move(fd), peer, Deadline::AfterMs(kKeptIdleMs), true});
 }
 
 }  // namespace vmmipc::transport

@@ -101,8 +101,11 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
                 const std::vector<ChunkGrant>& chunks) {
   const uint32_t total = static_cast<uint32_t>(chunks.size());
   const uint32_t batches = wire::BatchCount(total);
-  // A fresh deadline: the handler's time (exporting chunks) is not the peer's fault.
-  const Deadline deadline = Deadline::AfterMs(context.timeout_ms);
+  // A fresh deadline: the handler's time (exporting chunks) is not the peer's
+  // fault. None on a kept connection: an importer reads each reply before its
+  // next request, so the queue is empty unless the peer does not read, and
+  // the poll thread that sends it must not wait on such a peer.
+  const Deadline deadline = Deadline::AfterMs(p.kept ? 0 : context.timeout_ms);
   std::vector<wire::ReplyEntry> entries;
   std::vector<int> fds;
   for (uint32_t batch = 0; batch < batches; ++batch) {
@@ -175,6 +178,10 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   PeekedMessage message;
   const IoResult io = PeekMessage(c.fd.get(), buffer, &message, Deadline::AfterMs(0));
   if (io.status == IoStatus::kTimeout) return ReadOutcome::kWaiting;
+  if (!io.ok() && c.kept && io.status == IoStatus::kPeerClosed) {
+    CloseKept(std::move(c), context);  // its importer let it go: nothing to report
+    return ReadOutcome::kDone;
+  }
   if (!io.ok()) {
     if (MayLog(context.name))
       VMMIPC_LOG_WARN("listener {}: dropped peer {} uid {}: no request ({}{})", context.name,
@@ -231,6 +238,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.generation = request.handle.generation;
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   out->request.follower = request.follower;
+  out->kept = c.kept;
   return ReadOutcome::kReady;
 }
 
@@ -339,12 +347,24 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
 }
 
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
+  Close(SendReplyKeeping(std::move(request), std::move(reply), context), context);
+}
+
+ScopedFd SendReplyKeeping(PendingRequest request, ServeReply reply,
+                          const ServeContext& context) noexcept {
   try {
-    if (SendGrants(request, context, reply.chunks) && request.watcher) {
+    if (SendGrants(request, context, reply.chunks)) {
+      // A watch request's importer keeps the connection for events (even
+      // when no watcher was free for it here): it sends no request there.
+      if (!request.watcher) {
+        if (!request.request.watch) return std::move(request.fd);
+        Close(std::move(request.fd), context);
+        return {};
+      }
       context.watchers->Activate(request.watcher, std::move(request.fd));
       VMMIPC_LOG_DEBUG("listener {}: importer {} watches this process", context.name,
                        PeerPidText(request.peer.pid));
-      return;
+      return {};
     }
   } catch (const std::exception& e) {
     VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
@@ -353,6 +373,13 @@ void SendReply(PendingRequest request, ServeReply reply, const ServeContext& con
   }
   if (request.watcher) context.watchers->Cancel(request.watcher);
   Close(std::move(request.fd), context);
+  return {};
+}
+
+void CloseKept(Connection connection, const ServeContext& context) noexcept {
+  VMMIPC_LOG_TRACE("listener {}: closed the kept connection of peer {}", context.name,
+                   PeerPidText(connection.peer.pid));
+  Close(std::move(connection.fd), context);
 }
 
 bool ReplyFitsOneMessage(const ServeReply& reply) noexcept {

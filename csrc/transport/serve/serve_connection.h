@@ -43,11 +43,21 @@ struct ServeContext {
 // grace, only enough for its kWrongUser answer, rather than the full timeout.
 inline constexpr int kOtherUserGraceMs = 50;
 
-// An accepted connection waiting for its request.
+// How long the listener keeps an idle connection of one of our importers
+// after its reply, for that importer's next request (warm connections,
+// docs/protocol.md): long enough to span a burst of registrations and the
+// gaps between an engine's opens, short enough that a gone importer's
+// connection does not hold an fd of ours for long.
+inline constexpr int kKeptIdleMs = 30000;
+
+// An accepted connection waiting for its request: a new one, or one kept
+// after an earlier reply (`kept`), which may wait kKeptIdleMs for its next
+// request and goes quietly when its importer hangs up or lets it idle.
 struct Connection {
   ScopedFd fd;
   PeerCredentials peer;
   Deadline deadline = Deadline::AfterMs(0);  // when a silent peer is dropped
+  bool kept = false;
 };
 
 // An authenticated request, consumed from its connection, for the handler.
@@ -59,6 +69,9 @@ struct PendingRequest {
   ServeRequest request;
   // A watch request's watcher, reserved before it is served (watchers.h).
   Watchers::Reservation watcher;
+  // Came on a kept connection: its reply is sent without waiting (a peer
+  // that queued requests without reading the replies loses the connection).
+  bool kept = false;
 };
 
 // Reads the peer's credentials and sets the request deadline. False (the
@@ -86,6 +99,14 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context, ServeRep
 // Sends the reply's batches with their fds, then closes the connection, or
 // keeps it as a watch connection (the request asked, the context has watchers).
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept;
+// SendReply, but a connection whose reply went out whole and that no watcher
+// took is returned instead of closed: the listener may keep it for its
+// importer's next request (an invalid fd otherwise).
+ScopedFd SendReplyKeeping(PendingRequest request, ServeReply reply,
+                          const ServeContext& context) noexcept;
+// A kept connection that idled past its bound or whose importer hung up:
+// closed without a warning (an importer lets its kept connections go at will).
+void CloseKept(Connection connection, const ServeContext& context) noexcept;
 // True when the reply goes in one message: on a fresh connection whose peer
 // has read nothing yet, that send never waits (the socket buffer holds it).
 bool ReplyFitsOneMessage(const ServeReply& reply) noexcept;
