@@ -298,7 +298,45 @@ int RestingFdsOf(pid_t pid, int bound_ms = 10000) {
 // --- the fixture ------------------------------------------------------------------------------
 
 // The fixture is the shared one (logged_peer_test.h).
-class Fault : public LoggedPeerTest {};
+// The fault tests count an importer's fds around a failing open, and an
+// exporter's at rest (once no connection its listener accepted is open).
+// Warm connections are kept on purpose on both sides, so these peers run
+// without them (a new connection per open, as before them); what warm
+// connections do on these paths is tested apart (Fault.WarmConnection*,
+// unit.TransportWarm.*).
+class Fault : public LoggedPeerTest {
+ protected:
+  Fault() { default_env_["VMMIPC_WARM_CONNECTIONS"] = "0"; }
+};
+
+// Warm connections through the whole library: an importer's second open of
+// an exporter goes on the connection its first one kept (the open's debug
+// line says so); when that exporter is killed, the next open of its handle
+// fails at once as before, and the importer holds no more than before it.
+TEST_F(Fault, WarmConnectionIsReusedAndGivenUpWhenItsExporterDies) {
+  auto exporter = Peer("exporter", "0");
+  auto importer =
+      Peer("importer", "1", {{"VMMIPC_WARM_CONNECTIONS", "64"}, {"VMMIPC_LOG_LEVEL", "debug"}});
+  const std::string a = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 1));
+  const std::string b = Handle(*exporter, VmmBuffer(*exporter, "b", 1, 2));
+  const std::string c = Handle(*exporter, VmmBuffer(*exporter, "c", 1, 3));
+  const std::string pa = Value(importer->Call("open " + a));
+  ASSERT_FALSE(pa.empty());
+  EXPECT_EQ(Log(*importer).find("(warm connection"), std::string::npos);
+  const std::string pb = Value(importer->Call("open " + b));
+  ASSERT_FALSE(pb.empty());
+  EXPECT_NE(Log(*importer).find("(warm connection"), std::string::npos)
+      << "the second open did not reuse the first one's connection";
+  EXPECT_EQ(importer->Call("check " + pb + " " + Hex(kChunk) + " 2"), "ok");
+  const Resources before = Held(*importer);
+  exporter->Kill();
+  const auto start = Clock::now();
+  EXPECT_TRUE(StartsWith(importer->Call("open " + c), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
+  EXPECT_LT(MsSince(start), 2000);
+  EXPECT_EQ(Held(*importer).fds, before.fds - 1) << "the dead exporter's kept connection";
+  EXPECT_EQ(importer->Call("close " + pa), "ok");
+  EXPECT_EQ(importer->Call("close " + pb), "ok");
+}
 
 // --- the exporter goes away ---------------------------------------------------------------
 

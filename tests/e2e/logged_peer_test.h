@@ -183,6 +183,9 @@ class LoggedPeerTest : public ::testing::Test {
 
   static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
 
+  // Variables every Peer() of the fixture gets unless the call sets them.
+  std::map<std::string, std::string> default_env_;
+
   // A started and initialised peer with the given rank ("" = unranked),
   // whose stderr (vmmipc's log lines) goes to a file that Log() reads; where
   // `placement` puts it, with libvmmipc.so preloaded unless `preload` is false.
@@ -194,6 +197,7 @@ class LoggedPeerTest : public ::testing::Test {
     if (rank.empty()) env.emplace("VMMIPC_RANK_FROM", "env");
     env.emplace("LOCAL_RANK", kUnset);
     env.emplace("RANK", kUnset);
+    for (const auto& [variable, value] : default_env_) env.emplace(variable, value);
     std::string why;
     auto peer = PeerProcess::Start(env, preload, placement, &why);
     if (peer == nullptr) {
