@@ -56,6 +56,7 @@ class GpuContext(Context):
         self.lib = os.path.join(repo, self.build_dir, "csrc", "libvmmipc.so")
         self.bench = os.path.join(self.build_dir, "tests", "bench", "vmmipc_bench")
         self.a2a_bin = os.path.join(self.build_dir, "tests", "bench", "vmmipc_all_to_all")
+        self.fetch_bin = os.path.join(self.build_dir, "tests", "bench", "vmmipc_fetch_bench")
         self.launcher = LAUNCHER
         self.bench_scale = env.get("GPU_CHECK_BENCH_SCALE", "1")
         self.bench_reps_wanted = env_int(env, "GPU_CHECK_BENCH_REPETITIONS", 5)
@@ -276,6 +277,14 @@ def judge_all_to_all(c, out):
             runs, targets, out.rc))
 
 
+def judge_registration(c, out):
+    """By run_registration.sh's exit status (FAIL only for wrong data or a crash); its SUMMARY
+    lines: the fetch alone against its floor, K=64 x 2 MiB warm and cold against legacy."""
+    lines = [line[len("SUMMARY "):] for line in out.lines() if line.startswith("SUMMARY ")]
+    return status_result(out.rc), "%s; registration/registration.md (exit %d)" % (
+        "; ".join(lines) or "no SUMMARY line", out.rc)
+
+
 # --- the steps -------------------------------------------------------------------------------
 
 LIBRARY_BUILT = Gate("libvmmipc.so built ({lib})", lambda c: os.path.isfile(c.lib), FAIL,
@@ -375,6 +384,19 @@ def check_set(ctx):
                  when_doc="cuda.bindings importable (else the driver floor row says so)",
                  run=[Cmd(["python3", "tests/bench/open_sequence_probe.py", "--iters", "120"], 60,
                           env={"LD_PRELOAD": ""})]),
+            # Warm connections against cold (a new connection per open) in alternated
+            # all-to-all runs, N=2 and 4 on one GPU, legacy IPC in each; the fetch alone beside a
+            # bare round trip of one fd (run_registration.sh, registration_report.py).
+            Step("registration", banner="registration: warm connections against cold",
+                 log="registration.log", skip_key="registration", judge=judge_registration,
+                 gates=[Gate("{a2a_bin} built", lambda c: os.access(c.path(c.a2a_bin), os.X_OK),
+                             FAIL, "{a2a_bin} not built (see build.log)"),
+                        LIBRARY_BUILT],
+                 remove=["{out}/registration"],
+                 run=[Cmd(["bash", "tests/bench/run_registration.sh", "--bin", "{a2a_bin}",
+                           "--lib", "{lib}", "--fetch-bin", "{fetch_bin}", "--out",
+                           "{out}/registration", "--ranks", "2 4", "--rounds", "2", "--reps", "2",
+                           "--budget-s", "90"], 110)]),
             Step("all-to-all", banner="all-to-all registration", log="all-to-all.log",
                  skip_key="all_to_all", judge=judge_all_to_all,
                  gates=[Gate("{a2a_bin} built", lambda c: os.access(c.path(c.a2a_bin), os.X_OK),
