@@ -56,7 +56,7 @@ if tool == "cmake" and args[0] == "-S":
     touch(os.path.join(opt("-B"), "CTestTestfile.cmake"))
 elif tool == "cmake":
     for name in ("csrc/libvmmipc.so", "tests/gpu/cudart_ipc_client", "tests/bench/vmmipc_bench",
-                 "tests/bench/vmmipc_all_to_all"):
+                 "tests/bench/vmmipc_all_to_all", "tests/bench/vmmipc_fetch_bench"):
         touch(os.path.join(opt("--build"), name), "", 0o755)
 elif tool == "ctest":
     touch(os.path.join(opt("--test-dir"), "Testing/Temporary/LastTest.log"),
@@ -72,6 +72,10 @@ elif tool == "bash" and args[0].endswith("run_bench.sh"):
     touch(os.path.join(out, "bench.json"), json.dumps({{"benchmarks": medians}}))
     touch(os.path.join(out, "benchmarks.md"), "5 met, 1 missed, 0 not measured\n")
     touch(os.path.join(out, "bench.png"))
+elif tool == "bash" and args[0].endswith("run_registration.sh"):
+    touch(os.path.join(opt("--out"), "registration.md"), "# registration\n")
+    print("SUMMARY fetch p50: warm 25.0 us (1.30x the floor), cold 33.0 us, floor 19.0 us")
+    print("SUMMARY N=2 K=64 x 2 MiB: warm 1.90x legacy, cold 2.90x legacy")
 elif tool == "bash" and args[0].endswith("run_all_to_all.sh"):
     out = opt("--out")
     for name in ("all-to-all-n2-g1.json", "all-to-all-n4-g1.json"):
@@ -152,7 +156,8 @@ class GpuCheckTest(unittest.TestCase):
         self.assertIn("## vmmipc GPU check: PASS", summary)
         self.assertEqual(list(rows), [
             "environment", "configure", "build", "ctest -L gpu", "python check", "spawn check",
-            "saver check", "benchmarks", "driver floor", "open sequence", "all-to-all"])
+            "saver check", "benchmarks", "driver floor", "open sequence", "registration",
+            "all-to-all"])
         self.assertTrue(rows["environment"][1].startswith("NVIDIA H200, 580.1; "))
         self.assertEqual(rows["build"][1], "exit 0; libvmmipc.so: built, cudart_ipc_client: built")
         self.assertEqual(rows["ctest -L gpu"], ("PASS", "2 passed, 0 failed, 1 skipped: "
@@ -244,13 +249,17 @@ class GpuCheckTest(unittest.TestCase):
         # Under 120 s left, the benchmark takes 3 repetitions.
         self.assertIn("3 medians, 3 repetitions", rows["benchmarks"][1])
         self.assertEqual(rows["all-to-all"][0], "PASS")
+        self.assertEqual(rows["registration"], (
+            "PASS", "fetch p50: warm 25.0 us (1.30x the floor), cold 33.0 us, floor 19.0 us; "
+            "N=2 K=64 x 2 MiB: warm 1.90x legacy, cold 2.90x legacy; "
+            "registration/registration.md (exit 0)"))
         result, _, rows = self.check(dict(skip, GPU_CHECK_BUDGET_S="70"))
         self.assertEqual(result.returncode, 0)
         self.assertRegex(rows["all-to-all"][1], r"^only [0-9]+s of budget left; run it alone "
                          "with GPU_CHECK_SKIP=ctest,python,bench$")
 
     def test_the_wrapper_takes_the_output_folder(self):
-        everything = "ctest,python,spawn,saver,bench,floor,all_to_all"
+        everything = "ctest,python,spawn,saver,bench,floor,registration,all_to_all"
         result, _, rows = self.check({"GPU_CHECK_SKIP": everything},
                                      ["/bin/bash", os.path.join(SOURCE_DIR, "scripts",
                                                                 "gpu-check.sh"), self.out])
@@ -264,7 +273,8 @@ class GpuCheckTest(unittest.TestCase):
                               stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
         for number, name in enumerate(["environment", "configure", "build", "ctest -L gpu",
                                        "python check", "spawn check", "saver check", "benchmarks",
-                                       "driver floor", "open sequence", "all-to-all"], 1):
+                                       "driver floor", "open sequence", "registration",
+                                       "all-to-all"], 1):
             self.assertIn("\n%d. %s  (" % (number, name), text)
         self.assertIn("tests/python/torch_ipc_check.py --deadline-s 340", text)
         self.assertFalse(os.path.exists(self.calls_file))
