@@ -61,10 +61,10 @@ std::vector<uint32_t> Followers(const std::vector<uint32_t>& holders,
 // The follow thread runs without a context of its own: use the importer's.
 void UseFollowContext(const ProcessState& state) {
   static thread_local bool context_set = false;
-  if (!context_set && state.importer.follow_context() != nullptr)
-    context_set =
-        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(state.importer.follow_context())) ==
-        CUDA_SUCCESS;
+  if (!context_set && state.importer.follow().follow_context() != nullptr)
+    context_set = VMMIPC_REAL(CtxSetCurrent,
+                              static_cast<CUcontext>(state.importer.follow().follow_context())) ==
+                  CUDA_SUCCESS;
 }
 
 using transport::wire::AckStatus;
@@ -242,15 +242,16 @@ void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
 
 bool StartWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
   if (!config::Get().follow) return false;
-  return state.importer.StartWatch(Tag(pid, instance), static_cast<int>(config::Get().timeout_ms));
+  return state.importer.follow().StartWatch(Tag(pid, instance),
+                                            static_cast<int>(config::Get().timeout_ms));
 }
 
 void EndWatch(ProcessState& state, uint32_t pid, uint32_t instance) {
-  state.importer.EndWatch(Tag(pid, instance));
+  state.importer.follow().EndWatch(Tag(pid, instance));
 }
 
 uint32_t FollowerId(ProcessState& state) {
-  return config::Get().follow ? state.importer.follower_id() : 0;
+  return config::Get().follow ? state.importer.follow().follower_id() : 0;
 }
 
 void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
@@ -266,7 +267,7 @@ void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
   std::string error;
   // An open of each exporter not followed yet asks again: rate-limited.
   static log::LineLimit lines;
-  if (!state.importer.AddWatch(Tag(pid, instance), std::move(connection), make, &error))
+  if (!state.importer.follow().AddWatch(Tag(pid, instance), std::move(connection), make, &error))
     log::LogLimited(lines, log::Level::kWarn, "follow", "failures to follow an exporter",
                     "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
                     "followed here",

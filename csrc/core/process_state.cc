@@ -73,7 +73,7 @@ void BeforeFork() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
   state->exporter.PrepareFork();
-  state->importer.PrepareFork();
+  state->importer.follow().PrepareFork();
   transport::WarmConnectionsPrepareFork();
 }
 
@@ -81,7 +81,7 @@ void AfterForkInParent() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
   transport::WarmConnectionsParentAfterFork();
-  state->importer.ParentAfterFork();
+  state->importer.follow().ParentAfterFork();
   state->exporter.ParentAfterFork();
 }
 
@@ -97,7 +97,7 @@ void AfterForkInChild() {
   ProcessState* old = g_state.load(std::memory_order_relaxed);
   if (old != nullptr) {
     old->exporter.AbandonAfterFork();
-    old->importer.AbandonAfterFork();
+    old->importer.follow().AbandonAfterFork();
   }
   Park(old);  // leaked, but reachable: leak checkers must not fail the child's exit
   new (&g_create_mutex) std::mutex();

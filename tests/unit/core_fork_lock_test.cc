@@ -261,7 +261,7 @@ TEST(CoreForkLocks, TheChildClosesTheWatchConnectionsWhileAnotherThreadHoldsTheW
     return c;
   };
   std::string error;
-  ASSERT_TRUE(state.importer.AddWatch(0x1111, connection(), make, &error)) << error;
+  ASSERT_TRUE(state.importer.follow().AddWatch(0x1111, connection(), make, &error)) << error;
   transport::WatchConnection second = connection();
   ASSERT_EQ(FdsTo(targets), 2);
 
@@ -269,13 +269,14 @@ TEST(CoreForkLocks, TheChildClosesTheWatchConnectionsWhileAnotherThreadHoldsTheW
   std::thread holder([&] {
     t_hold_next_wake = true;
     std::string add_error;
-    EXPECT_TRUE(state.importer.AddWatch(0x2222, std::move(second), make, &add_error)) << add_error;
+    EXPECT_TRUE(state.importer.follow().AddWatch(0x2222, std::move(second), make, &add_error))
+        << add_error;
   });
   const int kept = ForkWhileHeld(targets);
   holder.join();
   EXPECT_EQ(kept, 0) << "the forked child kept copies of the parent's watch connections";
   EXPECT_EQ(FdsTo(targets), 2);
-  EXPECT_TRUE(state.importer.Watches(0x2222));
+  EXPECT_TRUE(state.importer.follow().Watches(0x2222));
 }
 
 // The thread inside the mapping table's critical section forks itself (a

@@ -1,12 +1,8 @@
-// The import side's table operations, each under the import lock, its zone
-// reservation, and its fork reset.
+// The import side's table operations, each under the import lock, and its
+// zone reservation.
 #include "core/import/import_side.h"
 
 #include <algorithm>
-#include <chrono>
-
-#include "common/parked.h"
-#include "common/random.h"
 
 namespace vmmipc::core {
 
@@ -167,59 +163,6 @@ std::optional<state::ZoneLayout> ImportSide::ReservedZone() {
   std::lock_guard<std::mutex> lock(zone_mutex_);
   if (zone_state_ != ZoneState::kReserved) return std::nullopt;
   return zone_;
-}
-
-uint32_t ImportSide::follower_id() {
-  std::lock_guard<std::mutex> lock(follow_mutex_);
-  while (follower_id_ == 0) {
-    // Unguessable, so that no other process can claim this one's grants;
-    // without randomness only unique (it then names grants, it guards nothing).
-    if (!FillRandom(&follower_id_, sizeof(follower_id_)))
-      FillUnique(&follower_id_, sizeof(follower_id_));
-  }
-  return follower_id_;
-}
-
-bool ImportSide::StartWatch(uint64_t tag, int timeout_ms) {
-  std::unique_lock<std::mutex> lock(follow_mutex_);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (watch_requests_.count(tag) != 0)
-    if (watch_ended_.wait_until(lock, until) == std::cv_status::timeout) return false;
-  if (watch_client_ && watch_client_->Has(tag)) return false;
-  watch_requests_.insert(tag);
-  return true;
-}
-
-bool ImportSide::Watches(uint64_t tag) {
-  std::lock_guard<std::mutex> lock(follow_mutex_);
-  return watch_client_ && watch_client_->Has(tag);
-}
-
-void ImportSide::EndWatch(uint64_t tag) {
-  {
-    std::lock_guard<std::mutex> lock(follow_mutex_);
-    watch_requests_.erase(tag);
-  }
-  watch_ended_.notify_all();
-}
-
-void ImportSide::PrepareFork() noexcept {
-  if (transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire))
-    client->PrepareFork();
-}
-
-void ImportSide::ParentAfterFork() noexcept {
-  if (transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire))
-    client->ParentAfterFork();
-}
-
-void ImportSide::AbandonAfterFork() noexcept {
-  // Not watch_client_: a fork in the middle of AddWatch may have left it half
-  // written. A client made but not yet published holds no connection.
-  transport::WatchClient* client = watch_client_for_fork_.load(std::memory_order_acquire);
-  if (client == nullptr) return;
-  client->AbandonAfterFork();
-  Park(watch_client_.release());
 }
 
 }  // namespace vmmipc::core

@@ -1,6 +1,8 @@
 // ImportSide: what this process keeps of the memory it opened from peers:
-// the import table, the placement locks, the import zone, and (follow) the
-// watch client that hears its exporters' pauses and resumes.
+// the import table, the placement locks, the import zone, the opens in
+// flight, and (follow) its ImportFollow, the watch client that hears its
+// exporters' pauses and resumes (core/import/import_follow.h, its own lock
+// rule).
 //
 // Locking:
 //  - import_mutex_ guards the table. It is held only while the table is read
@@ -22,40 +24,28 @@
 //    anchor_memory_mutex_ guards the anchors' memory, one allocation per
 //    device, and is held across the cuMemCreate that makes it (once per
 //    device); taken after a placement lock, never with import_mutex_.
-//  - follow_mutex_ guards the watch client's creation and its lookups and
-//    the watch requests in flight; the client is never destroyed, and
-//    follow_context_ is written once, before the client (and its thread)
-//    exists. follow_mutex_ is held across the client's making (a driver
-//    call): the fork handlers never take it, and reach the client through
-//    watch_client_for_fork_ instead.
-//  - Fork: the watch client's own lock is a fork lock (common/fork_lock.h),
-//    taken by the fork handler (PrepareFork) after the export side's, so that
-//    a forked child can always close its copies of the watch connections.
 //  - The in-flight opens (state/in_flight_opens.h) are read and written
-//    under import_mutex_. The follow thread handles an event under every
-//    placement lock of the exporter's opens, in the table and in flight
-//    (taken in index order; nothing else takes two), so an open's place ..
-//    record steps and an event of its exporter never interleave.
+//    under import_mutex_: they stay here, not in ImportFollow, because an
+//    open ends its flight and looks the table up in one hold of it. The
+//    follow thread handles an event under every placement lock of the
+//    exporter's opens, in the table and in flight (taken in index order;
+//    nothing else takes two), so an open's place .. record steps and an
+//    event of its exporter never interleave.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
-#include <string>
 #include <vector>
 
+#include "core/import/import_follow.h"
 #include "state/handle_codec.h"
 #include "state/import_table.h"
 #include "state/import_zone.h"
 #include "state/in_flight_opens.h"
 #include "state/zone_anchor_table.h"
 #include "transport/client/fetch_client.h"
-#include "transport/client/watch_client.h"
 
 namespace vmmipc::core {
 
@@ -177,41 +167,10 @@ class ImportSide {
     return it->second;
   }
 
-  // Follow. This process's follower id (random, never 0): the exporters
-  // record what they grant it, and keep its watch connection, under it.
-  uint32_t follower_id();
-  // True when this open should ask exporter `tag` for a watch connection:
-  // none is kept and no other open asks for one (one that does is waited
-  // for, at most `timeout_ms`, so that a grant never precedes the watch
-  // connection it is told on). A true answer must be followed by EndWatch.
-  bool StartWatch(uint64_t tag, int timeout_ms);
-  // The open that asked for a watch is done (KeepWatch ran, or it failed).
-  void EndWatch(uint64_t tag);
-  // True when a watch connection to exporter `tag` is kept.
-  bool Watches(uint64_t tag);
-  // Keeps `connection` for exporter `tag`. The first call makes the watch
-  // client with `make(&context)`, which writes the context its thread uses
-  // first. False, with `*error`, when the client cannot keep it.
-  template <typename Make>
-  bool AddWatch(uint64_t tag, transport::WatchConnection connection, Make make,
-                std::string* error) {
-    std::lock_guard<std::mutex> lock(follow_mutex_);
-    if (!watch_client_) {
-      watch_client_ = make(&follow_context_);
-      watch_client_for_fork_.store(watch_client_.get(), std::memory_order_release);
-    }
-    return watch_client_->Add(tag, std::move(connection), error);
-  }
-  // The context current at the first kept watch, for the follow thread.
-  void* follow_context() const { return follow_context_; }
-
-  // The fork handlers' (core/process_state.cc): before a fork, takes the watch
-  // client's lock (waiting for its holder); after it, releases it in the parent.
-  void PrepareFork() noexcept;
-  void ParentAfterFork() noexcept;
-  // In a forked child: abandons the watch client, whose thread is the parent's,
-  // and closes its copies of the connections.
-  void AbandonAfterFork() noexcept;
+  // Follow's part of the import side: the follower id and the watch
+  // connections (core/import/import_follow.h, its own lock).
+  ImportFollow& follow() { return follow_; }
+  const ImportFollow& follow() const { return follow_; }
 
  private:
   static constexpr size_t kPlacementLocks = 64;
@@ -232,14 +191,7 @@ class ImportSide {
 
   state::InFlightOpens in_flight_;  // under import_mutex_
 
-  std::mutex follow_mutex_;
-  std::condition_variable watch_ended_;
-  std::set<uint64_t> watch_requests_;  // exporters a watch is being asked of
-  std::unique_ptr<transport::WatchClient> watch_client_;
-  // The client once made, for the fork handlers, which take no lock to find it.
-  std::atomic<transport::WatchClient*> watch_client_for_fork_{nullptr};
-  void* follow_context_ = nullptr;
-  uint32_t follower_id_ = 0;
+  ImportFollow follow_;
 };
 
 }  // namespace vmmipc::core
