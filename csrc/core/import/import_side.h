@@ -6,9 +6,9 @@
 //
 // Locking:
 //  - import_mutex_ guards the table. It is held only while the table is read
-//    or written (the methods below, WithTable): never across socket I/O or a
-//    driver call, so pointer queries and opens of other exporters never wait
-//    behind an open.
+//    or written (the methods below, and WithAnchors): never across socket
+//    I/O or a driver call, so pointer queries and opens of other exporters
+//    never wait behind an open.
 //  - placement_mutex(slot, pid) serialises the placement and the driver calls
 //    (map, set access, unmap) of the opens and closes of one rank slot of the
 //    zone (or, for an unranked exporter, of one exporter), so that a chunk
@@ -51,15 +51,6 @@ namespace vmmipc::core {
 
 class ImportSide {
  public:
-  // Runs `use(table)` under the import lock and returns what it returns:
-  // for the steps that read and write the table together. `use` makes no
-  // driver call and no socket I/O.
-  template <typename Use>
-  auto WithTable(Use use) {
-    std::lock_guard<std::mutex> lock(import_mutex_);
-    return use(imports_);
-  }
-
   // The same handle opened again: one more open of its pointer.
   std::optional<uint64_t> Reopen(const state::OpenKey& key);
   // After an open's fetch, under its run's placement lock, in one hold of the
@@ -174,6 +165,15 @@ class ImportSide {
 
  private:
   static constexpr size_t kPlacementLocks = 64;
+
+  // Runs `use(table)` under the import lock and returns what it returns: the
+  // body of each method above that reads or writes the table. `use` makes no
+  // driver call and no socket I/O.
+  template <typename Use>
+  auto WithTable(Use use) {
+    std::lock_guard<std::mutex> lock(import_mutex_);
+    return use(imports_);
+  }
   enum class ZoneState { kUntried, kReserved, kUnavailable };
 
   std::mutex import_mutex_;
