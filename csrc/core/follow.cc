@@ -11,7 +11,7 @@
 #include "common/log_limit.h"
 #include "config/params.h"
 #include "core/export/exported_fds.h"
-#include "core/import/placement.h"
+#include "core/import/vmm_calls.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "transport/socket_io.h"

@@ -39,7 +39,7 @@ import time
 SKIP = 77
 CHUNK = 2 << 20
 KINDS = ("legacy", "vmmipc", "floor")
-# The floor's calls after the fd is in hand, in order: vmmipc's open with it (core/import/placement.cc).
+# The floor's calls after the fd is in hand, in order: vmmipc's open with it (core/import/vmm_calls.cc).
 FLOOR_CALLS = ("import", "reserve", "map", "release", "access")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

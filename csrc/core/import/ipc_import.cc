@@ -8,7 +8,7 @@
 #include "core/hooks.h"
 #include "core/import/followed_open.h"
 #include "core/import/opening.h"
-#include "core/import/placement.h"
+#include "core/import/vmm_calls.h"
 #include "core/import/zone_anchors.h"
 #include "core/process_state.h"
 #include "core/real.h"

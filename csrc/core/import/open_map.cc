@@ -2,7 +2,7 @@
 // the device, then the open entered in the import table.
 #include "core/follow.h"
 #include "core/import/opening.h"
-#include "core/import/placement.h"
+#include "core/import/vmm_calls.h"
 #include "core/import/zone_anchors.h"
 #include "core/process_state.h"
 #include "core/stats.h"

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "core/import/opening.h"
-#include "core/import/placement.h"
+#include "core/import/vmm_calls.h"
 #include "core/stats.h"
 #include "driver/status.h"
 #include "state/import_zone.h"

@@ -9,7 +9,7 @@
 #include "common/log_limit.h"
 #include "config/params.h"
 #include "core/device_memory.h"
-#include "core/import/placement.h"
+#include "core/import/vmm_calls.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"

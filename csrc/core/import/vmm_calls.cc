@@ -1,5 +1,6 @@
-// Import-zone reservation and chunk mapping through the real driver.
-#include "core/import/placement.h"
+// The importer's VMM driver calls: the zone's reservation, reservations
+// anywhere, and mapping, access and unmapping of imported chunks.
+#include "core/import/vmm_calls.h"
 
 #include <initializer_list>
 

@@ -1,6 +1,8 @@
-// Where imported chunks go: the import zone (one fixed-address reservation of
-// slots x slot size, made on the first import) or, when a chunk cannot be
-// placed deterministically, a private reservation anywhere.
+// The importer's VMM driver calls: reserving the import zone (one
+// fixed-address reservation of slots x slot size, made on the first import)
+// or a private reservation anywhere, mapping an imported chunk, opening its
+// access, unmapping it. Where a run goes is decided elsewhere (the place
+// step, core/import/open_place.cc).
 #pragma once
 
 #include <cuda.h>
