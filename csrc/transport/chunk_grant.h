@@ -21,7 +21,7 @@ struct ChunkGrant {
 // Why an exporter refused a request; travels on the wire as a u16. Declared
 // once here: the enum and its log name come from this list. What each means
 // to the library is core's: the CUresult an importer returns
-// (core/import/ipc_import.cc) and the VMMIPC_STATS counter (core/stats.h), both
+// (core/import/open_fetch.cc) and the VMMIPC_STATS counter (core/stats.h), both
 // switches that fail the build when a reason is missing.
 // X(enumerator, wire value, "name in log lines")
 #define VMMIPC_REFUSE_REASONS(X)                                                             \

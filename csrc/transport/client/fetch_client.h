@@ -1,7 +1,8 @@
 // The importer's side of the fd protocol: connect to the exporter named by a
 // handle (pid), prove that we hold the handle (a MAC under its capability),
-// check that the exporter proves it too, and collect every chunk grant with its fd. Nothing is
-// returned unless every batch verified, so the caller never maps a squatter's memory.
+// check that the exporter proves it too, and collect every chunk grant with its
+// fd. Nothing is returned unless every batch verified, so the caller never maps
+// a squatter's memory.
 #pragma once
 
 #include <cstddef>
@@ -45,8 +46,8 @@ struct WatchConnection {
 };
 
 // How a fetch ended, declared once: the enum and its log name come from this
-// list. What each means to the library is core's: the CUresult an open
-// returns (core/import/ipc_import.cc) and the VMMIPC_STATS counter of a failed open
+// list. What each means to the library is core's: the CUresult an open returns
+// (core/import/open_fetch.cc) and the VMMIPC_STATS counter of a failed open
 // (core/stats.h), both switches that fail the build when a status is missing.
 // X(enumerator, "name in log lines")
 #define VMMIPC_FETCH_FAILURES(X)                                                    \

@@ -1,21 +1,21 @@
 // The reaper: closes, off every thread that anything waits on, descriptors
 // whose last close may block. A peer can hand us an fd through SCM_RIGHTS (or
-// leave one queued on a connection) whose final close() sleeps in the kernel:
-// a TCP socket with unsent data and a long SO_LINGER blocks for the linger
-// time. Such fds, and connections that may still hold them queued, come here.
+// leave one queued on a connection) whose final close() sleeps in the kernel: a
+// TCP socket with unsent data and a long SO_LINGER blocks for the linger time.
+// Such fds, and connections that may still hold them queued, come here.
 //
 // CloseInBackground sends the fd over an inbox socketpair and closes our own
-// copy at once: that close is never the last one (the inbox holds a
-// reference), so it cannot block, and what waits for the reaper waits in the
-// kernel's socket queue, not in the host's fd table. Reaper threads (started
-// on first use, never at load, every signal blocked; one kept idle beside the
-// busy ones, at most kMaxReaperThreads) take the fds out and dispose of them
+// copy at once: that close is never the last one (the inbox holds a reference),
+// so it cannot block, and what waits for the reaper waits in the kernel's
+// socket queue, not in the host's fd table. Reaper threads (started on first
+// use, never at load, every signal blocked; one kept idle beside the busy ones,
+// at most kMaxReaperThreads) take the fds out and dispose of them
 // (fd_disposal.h): in a private fd table when the kernel lets us make one, so
-// that what a peer queued can be taken apart (sockets' lingering switched
-// off) without its fds ever entering the host's table, and without a close
-// there dropping the host's POSIX locks; else in the host's table, as plain
-// closes, where the sender's copy stays open for the thread to close last. docs/security.md has the
-// budget this gives.
+// that what a peer queued can be taken apart (sockets' lingering switched off)
+// without its fds ever entering the host's table, and without a close there
+// dropping the host's POSIX locks; else in the host's table, as plain closes,
+// where the sender's copy stays open for the thread to close last.
+// docs/security.md has the budget this gives.
 #pragma once
 
 #include <cstddef>

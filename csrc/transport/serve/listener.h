@@ -1,16 +1,18 @@
-// Listener: the exporter's side of the fd protocol. One per process, started
-// by core on the first VMM export (never at load). One poll thread accepts
-// connections and reads their requests, many at once and without blocking,
-// so that a silent or slow peer delays nobody else; it checks the peer's uid
+// Listener: the exporter's side of the fd protocol. One per process, started by
+// core on the first VMM export (never at load). One poll thread accepts
+// connections and reads their requests, many at once and without blocking, so
+// that a silent or slow peer delays nobody else; it checks the peer's uid
 // (SO_PEERCRED) and the request's MAC (proof the peer holds a handle this
-// process made, unedited: its capability). It also answers them when the reply is one message (a
-// thread hand-off costs a wake-up per open); longer replies, whose sends may wait on a peer that
-// does not read, go to a small pool of workers (started as needed, up to max_workers), as do tasks
-// posted with Post(). Answering asks the handler for the chunks and sends them back in batches with
-// their fds (SCM_RIGHTS), MAC'd so the client knows it talks to the real exporter. No thread needs
-// a CUDA context of its own (core's handler sets what it needs). Every socket wait is bounded by
-// the timeout; the kernel is asked to refuse fds sent to us (SO_PASSRIGHTS). The handler runs on
-// the poll thread: a driver call that hangs there holds up every peer.
+// process made, unedited: its capability). It also answers them when the reply
+// is one message (a thread hand-off costs a wake-up per open); longer replies,
+// whose sends may wait on a peer that does not read, go to a small pool of
+// workers (started as needed, up to max_workers), as do tasks posted with
+// Post(). Answering asks the handler for the chunks and sends them back in
+// batches with their fds (SCM_RIGHTS), MAC'd so the client knows it talks to
+// the real exporter. No thread needs a CUDA context of its own (core's handler
+// sets what it needs). Every socket wait is bounded by the timeout; the kernel
+// is asked to refuse fds sent to us (SO_PASSRIGHTS). The handler runs on the
+// poll thread: a driver call that hangs there holds up every peer.
 #pragma once
 
 #include <sys/types.h>
@@ -51,8 +53,8 @@ class Listener {
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
-  // The fork handlers' (core/process_state.cc): before a fork, takes the
-  // watch list's lock (Watchers::PrepareFork); after it, releases it in the parent.
+  // The fork handlers' (core/process_state.cc): before a fork, takes the watch
+  // list's lock (Watchers::PrepareFork); after it, releases it in the parent.
   void PrepareFork() noexcept;
   void ParentAfterFork() noexcept;
   // In a forked child: the thread does not exist there. Closes the socket fd
