@@ -23,30 +23,12 @@ import sys
 
 __version__ = "0.1.0"
 
-_rank_labels = {}  # by the variables that decide the rank: the label settled for them
-
-
-def rank_label(environ=None):
-    """The rank part of a log prefix: the rank the library settles in `environ`
-    (vmmipc-config, asked once per set of rank variables), "unranked" without one,
-    "rank ?" when vmmipc-config cannot be asked."""
-    from vmmipc import settled
-
-    environ = os.environ if environ is None else environ
-    key = tuple(environ.get(name) for name in
-                ("VMMIPC_RANK", "LOCAL_RANK", "RANK", "VMMIPC_RANK_FROM"))
-    if key not in _rank_labels:
-        try:
-            rank = settled.settle(environ).rank
-            _rank_labels[key] = f"rank {rank}" if rank >= 0 else "unranked"
-        except settled.ToolError:
-            _rank_labels[key] = "rank ?"
-    return _rank_labels[key]
-
-
 def log(level, message):
-    """One line on stderr, tagged like the library's own lines."""
-    sys.stderr.write(f"[vmmipc pid {os.getpid()} {rank_label()}] {level}: {message}\n")
+    """One line on stderr, tagged with the pid as the library's own lines are.
+    Not with the rank: settling it means running vmmipc-config, a process in every
+    worker that logs (DeepEP's, each rank); the library's lines of the same pid
+    name the rank."""
+    sys.stderr.write(f"[vmmipc pid {os.getpid()}] {level}: {message}\n")
     sys.stderr.flush()
 
 

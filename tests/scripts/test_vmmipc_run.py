@@ -14,6 +14,7 @@ Standard library only. ctest: scripts.vmmipc_run (unit) and scripts.vmmipc_run_c
 """
 
 import argparse
+import io
 import json
 import os
 import re
@@ -31,7 +32,7 @@ NO_DRIVER = "libcuda-that-does-not-exist.so.1"
 
 sys.path.insert(0, PYTHON_DIR)
 import vmmipc  # noqa: E402  (from this source tree)
-from vmmipc import check_driver, preload, run as run_module  # noqa: E402
+from vmmipc import check_driver, preload, run as run_module, settled  # noqa: E402
 
 
 def clean_env(**extra):
@@ -361,22 +362,6 @@ class LauncherShowsTheToolTest(unittest.TestCase):
                           result.stderr)
             self.assertNotIn("Traceback", result.stderr)
 
-    def test_the_log_label_is_the_settled_rank(self):
-        saved = dict(os.environ)
-        try:
-            if OPTIONS.lib:
-                os.environ["BUILD_DIR"] = clean_env()["BUILD_DIR"]
-            vmmipc._rank_labels.clear()
-            self.assertEqual(vmmipc.rank_label({"LOCAL_RANK": "3"}), "rank 3")
-            self.assertEqual(vmmipc.rank_label({"LOCAL_RANK": "3", "VMMIPC_RANK_FROM": "gpu"}),
-                             "unranked")
-            self.assertEqual(vmmipc.rank_label({"VMMIPC_RANK": "-1", "RANK": "x"}), "unranked")
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-            vmmipc._rank_labels.clear()
-
-
 class LauncherTest(unittest.TestCase):
     """Run mode: LD_PRELOAD, the variables, exec."""
 
@@ -621,6 +606,19 @@ def wheel_layout(site, lib):
 
 class PackageTest(unittest.TestCase):
     """The launcher and `python -m vmmipc` from an installed package (the wheel's layout)."""
+
+    def test_a_log_line_starts_no_process(self):
+        # DeepEP's workers log through vmmipc.log: no vmmipc-config per worker.
+        def no_tool(*args, **kwargs):
+            raise AssertionError("vmmipc.log ran vmmipc-config")
+        saved_settle, saved_popen, saved_stderr = settled.settle, subprocess.Popen, sys.stderr
+        settled.settle, subprocess.Popen, sys.stderr = no_tool, no_tool, io.StringIO()
+        try:
+            vmmipc.log("info", "deep_ep.Buffer: passed through")
+            line = sys.stderr.getvalue()
+        finally:
+            settled.settle, subprocess.Popen, sys.stderr = saved_settle, saved_popen, saved_stderr
+        self.assertEqual(line, f"[vmmipc pid {os.getpid()}] info: deep_ep.Buffer: passed through\n")
 
     def python(self, site, args, **env):
         return subprocess.run([sys.executable] + args, env=clean_env(PYTHONPATH=site, **env),
