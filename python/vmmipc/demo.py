@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from vmmipc import paths
+from vmmipc import paths, settled
 
 CHUNK = 2 << 20
 
@@ -27,6 +27,7 @@ class Peer:
     """One vmmipc_peer process: a command per line on stdin, "ok ..." or "err ..." back."""
 
     def __init__(self, peer, env):
+        self.env = env
         self.process = subprocess.Popen([peer], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, text=True, bufsize=1)
 
@@ -56,6 +57,25 @@ def _on_gpu(peer):
                               timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def _size_text(size):
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if size and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"0x{size:x}"
+
+
+def _placement(env, library):
+    """How the importer's address is made, with the zone that vmmipc-config says the
+    library settles in the importer's environment (its base and slot size); the rule
+    without numbers when the tool cannot be asked."""
+    try:
+        zone = settled.settle(env, library=library).layout["zone"]
+    except settled.ToolError:
+        return "import zone base + slot 0 x slot size + (address - region base)"
+    return (f"import zone 0x{zone['base']:x} + slot 0 x {_size_text(zone['slot_size'])} + "
+            f"(address - region base)")
 
 
 def run_demo(library, peer, sim_dir, simulated=None, out=sys.stdout):
@@ -100,8 +120,7 @@ def run_demo(library, peer, sim_dir, simulated=None, out=sys.stdout):
                 print(f"  {importer.ask('decode ' + handle)}", file=out)
                 print(f"importer (pid {importer_pid}, VMMIPC_RANK=1): cuIpcOpenMemHandle "
                       f"-> {ptr}", file=out)
-                print("  = import zone 0x300000000000 + slot 0 x 1 TiB + (address - "
-                      "region base)", file=out)
+                print(f"  = {_placement(importer.env, library)}", file=out)
                 print("importer read the exporter's 4 MiB across the chunk boundary: ok",
                       file=out)
                 print("importer wrote 4 MiB through its mapping; the exporter read them "

@@ -189,6 +189,9 @@ class SimulatedDriverTest(unittest.TestCase):
             self.assertIn("vmmipc demo on the simulated CUDA driver", result.stdout)
             self.assertIn(f"library: {os.path.join(package, 'libvmmipc.so')}", result.stdout)
             self.assertIn("cuIpcOpenMemHandle -> 0x300000000000", result.stdout)
+            # The zone as vmmipc-config settles it (the package's tool), not spelled out.
+            self.assertIn("= import zone 0x300000000000 + slot 0 x 1 TiB + (address - region "
+                          "base)", result.stdout)
             self.assertIn("same address as the first run", result.stdout)
             result = self.python(site, ["-m", "vmmipc", "--lib", "--simulated"])
             self.assertEqual(result.returncode, 2)
