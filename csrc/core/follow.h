@@ -8,14 +8,14 @@
 // importer address (so their pointers, and CUDA graphs over them, stay
 // valid). docs/protocol.md, "Follow", has the exchange; docs/architecture.md
 // the rules (what an importer that touches paused memory gets, importers
-// that are gone, why it is off by default).
+// that are gone, why it is off by default). This is the exporter's half; the
+// importer's is core/import/follow_import.h.
 #pragma once
 
 #include <cstdint>
 
 #include "core/process_state.h"
 #include "state/vmm_mappings.h"
-#include "transport/client/fetch_client.h"
 
 namespace vmmipc::core {
 
@@ -26,17 +26,5 @@ void FollowUnmap(ProcessState& state, const state::TakenMappings& taken);
 // importers followed a pause of a chunk at the same base, sends them the new
 // memory and waits until they mapped it.
 void FollowMap(ProcessState& state, const state::VmmMapping& mapping);
-
-// Importer. The follower id its requests carry: 0 with follow off.
-uint32_t FollowerId(ProcessState& state);
-// True when this open should ask exporter (pid, instance) for a watch
-// connection: follow is on, none is kept, and no other open is asking (one
-// that is, is waited for). A true answer is followed by EndWatch.
-bool StartWatch(ProcessState& state, uint32_t pid, uint32_t instance);
-void EndWatch(ProcessState& state, uint32_t pid, uint32_t instance);
-// Keeps the watch connection an open brought back (starts the follow thread
-// on first use). Failures are logged: that exporter is then not followed.
-void KeepWatch(ProcessState& state, uint32_t pid, uint32_t instance,
-               transport::WatchConnection connection);
 
 }  // namespace vmmipc::core

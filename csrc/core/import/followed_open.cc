@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "core/follow.h"
+#include "core/import/follow_import.h"
 #include "core/stats.h"
 
 namespace vmmipc::core {
@@ -39,9 +39,9 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
 }  // namespace
 
 FollowedOpen::FollowedOpen(ProcessState& state, const state::Vmm2Handle& handle)
-    : state_(state), exporter_{handle.pid, handle.instance}, follower_(FollowerId(state)) {
+    : state_(state), exporter_{handle.pid, handle.instance}, follower_(FollowerId(state.importer)) {
   if (follower_ == 0) return;
-  watch_ = StartWatch(state, handle.pid, handle.instance);
+  watch_ = StartWatch(state.importer, handle.pid, handle.instance);
   in_flight_ =
       state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(handle.rank_slot, handle.pid));
 }
@@ -49,7 +49,7 @@ FollowedOpen::FollowedOpen(ProcessState& state, const state::Vmm2Handle& handle)
 FollowedOpen::~FollowedOpen() {
   bool overflowed = false;
   if (in_flight_ != 0) state_.importer.EndOpen(in_flight_, &overflowed);
-  if (watch_) EndWatch(state_, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
+  if (watch_) EndWatch(state_.importer, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
 }
 
 CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened) {

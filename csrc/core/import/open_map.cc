@@ -1,6 +1,6 @@
 // The open's map and record steps: the planned chunks mapped and opened for
 // the device, then the open entered in the import table.
-#include "core/follow.h"
+#include "core/import/follow_import.h"
 #include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
 #include "core/import/zone_anchors.h"
@@ -77,7 +77,7 @@ void RecordOpen(ProcessState& state, Opening* open) {
   }
   stats::Count(stats::Counter::kHandlesOpened);
   if (open->fetched.watch.fd.valid())
-    KeepWatch(state, h.pid, h.instance, std::move(open->fetched.watch));
+    KeepWatch(state.importer, h.pid, h.instance, std::move(open->fetched.watch));
   const int64_t map_us = MicrosSince(open->map_start);
   VMMIPC_LOG_DEBUG(
       "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "

@@ -1,0 +1,182 @@
+// The importer's half of follow: the watch an open asks for and keeps, and the
+// follow thread's handling of its exporters' pauses and resumes.
+#include "core/import/follow_import.h"
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "common/log_limit.h"
+#include "config/params.h"
+#include "core/import/vmm_calls.h"
+#include "core/process_state.h"
+#include "core/real.h"
+#include "core/stats.h"
+
+namespace vmmipc::core {
+namespace {
+
+// The follow thread runs without a context of its own: use the importer's.
+void UseFollowContext(const ImportSide& importer) {
+  static thread_local bool context_set = false;
+  if (!context_set && importer.follow().follow_context() != nullptr)
+    context_set =
+        VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(importer.follow().follow_context())) ==
+        CUDA_SUCCESS;
+}
+
+using transport::wire::AckStatus;
+using transport::wire::Event;
+using transport::wire::EventKind;
+
+AckStatus FollowPause(ImportSide& importer, const state::ExporterId& exporter, const Event& event) {
+  const std::vector<state::MappedChunk> chunks =
+      importer.Pause(exporter, event.base, event.generation);
+  if (chunks.empty()) return AckStatus::kNotHeld;
+  // The mapping goes; the range stays reserved (zone slot or the open's own
+  // reservation) for the resume. Touching it now faults, as on the exporter.
+  for (const state::MappedChunk& chunk : chunks) {
+    UnmapChunk(chunk.target, chunk.size);
+    stats::Count(stats::Counter::kFollowPauses);
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} paused 0x{:x}: unmapped {} chunk(s) here", exporter.pid,
+                   event.base, chunks.size());
+  return AckStatus::kDone;
+}
+
+AckStatus FollowResume(ImportSide& importer, const state::ExporterId& exporter, const Event& event,
+                       int fd) {
+  const std::vector<state::MappedChunk> chunks = importer.PausedAt(exporter, event.base);
+  if (chunks.empty()) return AckStatus::kNotHeld;
+  AckStatus status = AckStatus::kDone;
+  for (const state::MappedChunk& chunk : chunks) {
+    if (chunk.size != event.size) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      VMMIPC_LOG_WARN(
+          "follow: pid {} resumed 0x{:x} with {} where {} was paused; not mapped: the range at "
+          "0x{:x} stays unmapped until it is closed",
+          exporter.pid, event.base, log::Bytes(event.size), log::Bytes(chunk.size), chunk.target);
+      status = AckStatus::kFailed;
+      continue;
+    }
+    CUresult result = MapChunk(fd, chunk.target, chunk.size);
+    if (result == CUDA_SUCCESS) {
+      result = OpenAccess(chunk.target, chunk.size, chunk.device);
+      if (result != CUDA_SUCCESS) UnmapChunk(chunk.target, chunk.size);
+    }
+    if (result != CUDA_SUCCESS) {
+      stats::Count(stats::Counter::kFollowResumeRefused);
+      VMMIPC_LOG_WARN("follow: mapping the resumed 0x{:x} of pid {} at 0x{:x} failed: {}",
+                      event.base, exporter.pid, chunk.target, driver::ErrorName(result));
+      status = AckStatus::kFailed;
+      continue;
+    }
+    importer.Resume(chunk.target, event.generation);
+    stats::Count(stats::Counter::kFollowResumes);
+  }
+  VMMIPC_LOG_DEBUG("follow: pid {} resumed 0x{:x}: {} chunk(s) mapped again here", exporter.pid,
+                   event.base, chunks.size());
+  return status;
+}
+
+// The exporter no longer follows this process (it missed too much), or its
+// connection broke while it runs: every mapping of its memory here is
+// dropped, loudly, rather than left to go stale. The ranges stay reserved;
+// closes still work; touching them faults.
+AckStatus FollowUnfollowed(ImportSide& importer, const state::ExporterId& exporter) {
+  const std::vector<state::MappedChunk> chunks = importer.PauseAll(exporter);
+  for (const state::MappedChunk& chunk : chunks) UnmapChunk(chunk.target, chunk.size);
+  stats::Count(stats::Counter::kFollowPauses, chunks.size());
+  VMMIPC_LOG_WARN(
+      "follow: exporter pid {} no longer follows this process; its {} chunk(s) mapped here are "
+      "unmapped rather than left stale (touching them faults): close its handles and open "
+      "them again",
+      exporter.pid, chunks.size());
+  return AckStatus::kDone;
+}
+
+// Logs `event` for this exporter's opens in flight (they apply it before
+// they map: state/in_flight_opens.h). A resume's fd is shared by them.
+bool LogForOpensInFlight(ImportSide& importer, const state::ExporterId& exporter,
+                         const Event& event, ScopedFd fd) {
+  state::FollowEvent logged;
+  logged.resume = event.kind == EventKind::kResume;
+  logged.unfollowed = event.kind == EventKind::kUnfollowed;
+  logged.base = event.base;
+  logged.size = event.size;
+  logged.generation = event.generation;
+  if (fd.valid()) logged.fd = std::make_shared<ScopedFd>(std::move(fd));
+  return importer.LogForOpensInFlight(exporter, logged);
+}
+
+// The follow thread's handler: one event of exporter `tag` (pid << 32 | instance).
+AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
+  try {
+    ImportSide& importer = State().importer;
+    UseFollowContext(importer);
+    const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
+    // Every placement lock of the exporter's opens, recorded and in flight,
+    // as opens and closes take one of them: no close can unmap what this
+    // maps, no open can probe it, and no open in flight can be between
+    // taking its log and recording its chunks (state/in_flight_opens.h).
+    const std::vector<size_t> indexes = importer.PlacementIndexesOf(exporter);
+    if (indexes.empty()) return AckStatus::kNotHeld;  // every open of it was closed
+    std::vector<std::unique_lock<std::mutex>> placement;
+    for (size_t index : indexes) placement.emplace_back(importer.placement_mutex_at(index));
+    if (event.kind == EventKind::kUnfollowed) {
+      // Its opens in flight must not map what it no longer follows either.
+      LogForOpensInFlight(importer, exporter, event, ScopedFd());
+      return FollowUnfollowed(importer, exporter);
+    }
+    AckStatus status = event.kind == EventKind::kPause
+                           ? FollowPause(importer, exporter, event)
+                           : FollowResume(importer, exporter, event, fd.get());
+    if (LogForOpensInFlight(importer, exporter, event, std::move(fd)) &&
+        status == AckStatus::kNotHeld)
+      status = AckStatus::kDone;  // an open in flight holds it: it will not map the old memory
+    return status;
+  } catch (...) {
+    return AckStatus::kFailed;
+  }
+}
+
+uint64_t Tag(uint32_t pid, uint32_t instance) { return (uint64_t{pid} << 32) | instance; }
+
+}  // namespace
+
+bool StartWatch(ImportSide& importer, uint32_t pid, uint32_t instance) {
+  if (!config::Get().follow) return false;
+  return importer.follow().StartWatch(Tag(pid, instance),
+                                      static_cast<int>(config::Get().timeout_ms));
+}
+
+void EndWatch(ImportSide& importer, uint32_t pid, uint32_t instance) {
+  importer.follow().EndWatch(Tag(pid, instance));
+}
+
+uint32_t FollowerId(ImportSide& importer) {
+  return config::Get().follow ? importer.follow().follower_id() : 0;
+}
+
+void KeepWatch(ImportSide& importer, uint32_t pid, uint32_t instance,
+               transport::WatchConnection connection) {
+  // The first kept watch makes the client; its thread uses the context of
+  // this open from its first event on.
+  auto make = [](void** context) {
+    CUcontext current = nullptr;
+    if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
+    return std::make_unique<transport::WatchClient>(OnEvent,
+                                                    static_cast<int>(config::Get().timeout_ms));
+  };
+  std::string error;
+  // An open of each exporter not followed yet asks again: rate-limited.
+  static log::LineLimit lines;
+  if (!importer.follow().AddWatch(Tag(pid, instance), std::move(connection), make, &error))
+    log::LogLimited(lines, log::Level::kWarn, "follow", "failures to follow an exporter",
+                    "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
+                    "followed here",
+                    pid, error);
+}
+
+}  // namespace vmmipc::core
