@@ -5,7 +5,7 @@
 
 #include "common/fd_table.h"
 #include "config/params.h"
-#include "core/export/fd_cache_limit.h"
+#include "core/fd_cache_limit.h"
 
 namespace vmmipc::core {
 namespace {

@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "config/params.h"
 #include "core/export/exported_fds.h"
-#include "core/export/fd_cache_limit.h"
+#include "core/fd_cache_limit.h"
 #include "core/process_state.h"
 
 namespace vmmipc::core {

@@ -11,8 +11,8 @@
 #include "common/syscall.h"
 #include "config/params.h"
 #include "core/export/exported_fds.h"
-#include "core/export/fd_cache_limit.h"
 #include "core/export/serve_request.h"
+#include "core/fd_cache_limit.h"
 #include "core/real.h"
 #include "core/stats.h"
 

@@ -1,6 +1,7 @@
 // The exported-fd cache's bound, which both the cache (core/export/
 // exported_fds.h) and the fd table grown at load time (core/load_time.h) are
-// sized by: its own file so that neither includes the other.
+// sized by: its own file, in core/ beside load time, so that load time
+// reaches nothing of core/export.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // The exported-fd cache's bound from the configuration and RLIMIT_NOFILE.
-#include "core/export/fd_cache_limit.h"
+#include "core/fd_cache_limit.h"
 
 #include <sys/resource.h>
 
