@@ -24,20 +24,21 @@ std::mutex g_create_mutex;
 // The secret under which this process's handles are made, and its public
 // instance id (never 0). The secret comes from the kernel's randomness or not
 // at all: one made from the clock and pid could be guessed, and with it every
-// handle's capability. Without it exports are refused (core/export/ipc_export.cc
-// StartListener says why); imports need none. The instance is public anyway
-// (in every handle): it must only differ from that of an earlier process of
-// the same pid, which FillUnique's clocks give even without randomness.
-void NewIdentity(ProcessState* state) {
+// handle's capability. Without it exports are refused
+// (core/export/export_listener.cc StartListener says why); imports need none.
+// The instance is public anyway (in every handle): it must only differ from
+// that of an earlier process of the same pid, which FillUnique's clocks give
+// even without randomness.
+void NewIdentity(Identity* self) {
   uint64_t key[2] = {};
-  state->has_secret = FillRandom(key, sizeof(key), &state->no_secret);
-  state->secret = state->has_secret ? transport::SipKey{key[0], key[1]} : transport::SipKey{};
-  if (state->has_secret && state->no_secret.getrandom_error != 0)
+  self->has_secret = FillRandom(key, sizeof(key), &self->no_secret);
+  self->secret = self->has_secret ? transport::SipKey{key[0], key[1]} : transport::SipKey{};
+  if (self->has_secret && self->no_secret.getrandom_error != 0)
     VMMIPC_LOG_DEBUG("getrandom failed ({}): this process's handle secret comes from /dev/urandom",
-                     ErrnoText(state->no_secret.getrandom_error));
+                     ErrnoText(self->no_secret.getrandom_error));
   uint32_t instance = 0;
   FillUnique(&instance, sizeof(instance));
-  state->instance = instance != 0 ? instance : 1;
+  self->instance = instance != 0 ? instance : 1;
 }
 
 ProcessState* Create() {
@@ -48,9 +49,9 @@ ProcessState* Create() {
   // Once per process (and per forked child): what this process runs with.
   VMMIPC_LOG_INFO("{}", config::Describe(params));
   auto* state = new ProcessState();  // never freed, on purpose
-  state->pid = static_cast<uint32_t>(getpid());
-  NewIdentity(state);
-  state->rank = static_cast<int32_t>(params.rank);
+  state->identity.pid = static_cast<uint32_t>(getpid());
+  NewIdentity(&state->identity);
+  state->identity.rank = static_cast<int32_t>(params.rank);
   stats::EnableExitReportIfConfigured();
   return state;
 }
@@ -120,5 +121,10 @@ ProcessState& State() {
   }
   return *state;
 }
+
+Identity& OwnIdentity() { return State().identity; }
+ExportSide& Exporter() { return State().exporter; }
+ArenaSide& Arena() { return State().exporter.arena(); }
+ImportSide& Importer() { return State().importer; }
 
 }  // namespace vmmipc::core

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "common/random.h"
-#include "core/process_state.h"
+#include "core/identity.h"
 
 extern "C" ssize_t __real_getrandom(void* buffer, size_t size, unsigned int flags);
 extern "C" int __real_open(const char* path, int flags, ...);
@@ -230,7 +230,7 @@ int IdentityInChild(int getrandom_errno, int urandom_errno, Check check) {
     Reset();
     g_getrandom_errno = getrandom_errno;
     g_urandom_open_errno = urandom_errno;
-    _exit(check(core::State()) ? 0 : 1);
+    _exit(check(core::OwnIdentity()) ? 0 : 1);
   }
   int status = 0;
   if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
@@ -239,18 +239,18 @@ int IdentityInChild(int getrandom_errno, int urandom_errno, Check check) {
 
 TEST(Random, WithoutRandomnessAProcessHasNoSecretAndAnInstanceAllTheSame) {
   EXPECT_EQ(IdentityInChild(EPERM, ENOENT,
-                            [](const core::ProcessState& state) {
-                              return !state.has_secret && state.instance != 0 &&
-                                     state.secret.k0 == 0 && state.secret.k1 == 0 &&
-                                     state.no_secret.getrandom_error == EPERM &&
-                                     state.no_secret.urandom_error == ENOENT;
+                            [](const core::Identity& self) {
+                              return !self.has_secret && self.instance != 0 &&
+                                     self.secret.k0 == 0 && self.secret.k1 == 0 &&
+                                     self.no_secret.getrandom_error == EPERM &&
+                                     self.no_secret.urandom_error == ENOENT;
                             }),
             0);
   // /dev/urandom alone makes the secret.
   EXPECT_EQ(IdentityInChild(EPERM, 0,
-                            [](const core::ProcessState& state) {
-                              return state.has_secret && state.instance != 0 &&
-                                     (state.secret.k0 != 0 || state.secret.k1 != 0);
+                            [](const core::Identity& self) {
+                              return self.has_secret && self.instance != 0 &&
+                                     (self.secret.k0 != 0 || self.secret.k1 != 0);
                             }),
             0);
 }

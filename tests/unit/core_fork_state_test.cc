@@ -31,7 +31,7 @@ namespace {
     record.chunks.push_back(target);
   }
   state.importer.AddOpen(chunks, record);
-  return state.instance;
+  return state.identity.instance;
 }
 
 TEST(CoreForkState, ForkedChildExitsCleanlyAfterAbandoningTheParentsState) {
@@ -39,7 +39,7 @@ TEST(CoreForkState, ForkedChildExitsCleanlyAfterAbandoningTheParentsState) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::exit(State().instance != parent_instance ? 0 : 3);
+    std::exit(State().identity.instance != parent_instance ? 0 : 3);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

@@ -56,4 +56,8 @@ class ArenaSide {
   bool exhausted_warned_ = false;
 };
 
+// This process's export arena (the export side's); makes the process state
+// (core/process_state.cc) on the first call.
+ArenaSide& Arena();
+
 }  // namespace vmmipc::core

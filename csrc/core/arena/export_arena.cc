@@ -8,7 +8,6 @@
 #include "common/log.h"
 #include "config/params.h"
 #include "core/hooks.h"
-#include "core/process_state.h"
 #include "core/real.h"
 
 namespace vmmipc::core {
@@ -75,7 +74,7 @@ bool ArenaApplies(CUdeviceptr address, unsigned long long flags) {
 
 CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
                            unsigned long long flags) {
-  ProcessState& state = State();
+  ArenaSide& arena = Arena();
   const bool power_of_two = (alignment & (alignment - 1)) == 0;
   if (pointer == nullptr || size == 0 || !power_of_two || !ArenaApplies(address, flags))
     return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
@@ -84,7 +83,7 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, 
   if (size % granularity != 0)
     return VMMIPC_REAL(MemAddressReserve, pointer, size, alignment, address, flags);
   const uint64_t align = alignment > granularity ? alignment : granularity;
-  if (std::optional<uint64_t> carved = state.arena.Take(size, align, ReserveArena)) {
+  if (std::optional<uint64_t> carved = arena.Take(size, align, ReserveArena)) {
     *pointer = *carved;
     VMMIPC_LOG_DEBUG("arena: reserved {} at 0x{:x}", log::Bytes(size), *pointer);
     return CUDA_SUCCESS;
@@ -93,7 +92,7 @@ CUresult MemAddressReserve(CUdeviceptr* pointer, size_t size, size_t alignment, 
 }
 
 CUresult MemAddressFree(CUdeviceptr pointer, size_t size) {
-  switch (State().arena.Give(pointer, size)) {
+  switch (Arena().Give(pointer, size)) {
     case ArenaSide::Freed::kFreed:
       return CUDA_SUCCESS;
     case ArenaSide::Freed::kNotACarve:
@@ -106,8 +105,6 @@ CUresult MemAddressFree(CUdeviceptr pointer, size_t size) {
   return VMMIPC_REAL(MemAddressFree, pointer, size);
 }
 
-bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info) {
-  return State().arena.Find(address, info);
-}
+bool FindArenaCarve(uint64_t address, ArenaCarveInfo* info) { return Arena().Find(address, info); }
 
 }  // namespace vmmipc::core

@@ -12,7 +12,6 @@
 #include "config/params.h"
 #include "core/export/exported_fds.h"
 #include "core/fd_cache_limit.h"
-#include "core/process_state.h"
 
 namespace vmmipc::core {
 namespace {
@@ -23,7 +22,7 @@ namespace {
 // driver's export set-up (docs/driver-behaviour.md#export-cliff). Frameworks get every handle,
 // exchange them, then open: the exports run while the handles travel.
 void ExportAhead(uint64_t address) {
-  ExportSide& exporter = State().exporter;
+  ExportSide& exporter = Exporter();
   std::optional<state::VmmMapping> chunk = exporter.mappings().Find(address);
   if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
   ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
@@ -36,7 +35,7 @@ void ExportAhead(uint64_t address) {
 
 // Exports every queued chunk, then lets the next get post a new drain.
 void DrainExportAhead() {
-  ExportSide& exporter = State().exporter;
+  ExportSide& exporter = Exporter();
   UseExportContext(exporter);
   std::vector<uint64_t> batch;
   while (exporter.TakeExportAhead(&batch))

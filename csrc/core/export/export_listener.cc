@@ -18,23 +18,24 @@
 
 namespace vmmipc::core {
 
-std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** context) {
-  if (!state.has_secret) {
+std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportSide& exporter,
+                                                   void** context) {
+  if (!self.has_secret) {
     // The export side remembers it (as a listener that cannot start): one line.
     VMMIPC_LOG_ERROR(
         "no randomness for this process's handle secret (getrandom: {}; /dev/urandom: {}); "
         "VMM memory cannot be exported from this process (cuIpcGetMemHandle returns "
         "CUDA_ERROR_OPERATING_SYSTEM); opening other processes' handles works",
-        ErrnoText(state.no_secret.getrandom_error), ErrnoText(state.no_secret.urandom_error));
+        ErrnoText(self.no_secret.getrandom_error), ErrnoText(self.no_secret.urandom_error));
     return nullptr;
   }
   CUcontext current = nullptr;
   if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
   const config::Params& params = config::Get();
   transport::ListenerOptions options;
-  options.secret = state.secret;
-  options.pid = state.pid;
-  options.instance = state.instance;  // names the socket: unique across pid namespaces
+  options.secret = self.secret;
+  options.pid = self.pid;
+  options.instance = self.instance;  // names the socket: unique across pid namespaces
   options.socket_dir = params.socket_dir;
   options.timeout_ms = static_cast<int>(params.timeout_ms);
   options.max_workers = static_cast<int>(params.listener_threads);
@@ -42,12 +43,12 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   // A lagging follower's catch-up resume: the memory mapped at `base` now,
   // if it is still the generation the follower missed (on the listener's thread).
   options.resume_fd = [](uint64_t base, uint32_t generation) {
-    ProcessState& state = State();
-    UseExportContext(state.exporter);
+    ExportSide& exporter = Exporter();
+    UseExportContext(exporter);
     ScopedFd fd;
-    const std::optional<state::VmmMapping> mapping = state.exporter.mappings().Find(base);
+    const std::optional<state::VmmMapping> mapping = exporter.mappings().Find(base);
     if (!mapping || mapping->base != base || mapping->generation != generation ||
-        !mapping->posix_fd_exportable || FdForChunk(state.exporter, *mapping, &fd) != CUDA_SUCCESS)
+        !mapping->posix_fd_exportable || FdForChunk(exporter, *mapping, &fd) != CUDA_SUCCESS)
       return ScopedFd();
     return fd;
   };
@@ -57,7 +58,7 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
   options.events.granted = [](size_t chunks) { stats::Count(stats::Counter::kFdsSent, chunks); };
   options.events.dropped = [] { stats::Count(stats::Counter::kConnectionsDropped); };
   options.events.reaped = [] { stats::Count(stats::Counter::kConnectionsReaped); };
-  state.exporter.mappings().SetFdCacheLimit(FdCacheLimit(params.export_fd_cache));
+  exporter.mappings().SetFdCacheLimit(FdCacheLimit(params.export_fd_cache));
   std::string error;
   std::unique_ptr<transport::Listener> listener =
       transport::Listener::Start(options, Serve, &error);
@@ -69,9 +70,9 @@ std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** c
         error);
     return nullptr;
   }
-  if (state.rank >= 0)
+  if (self.rank >= 0)
     VMMIPC_LOG_INFO("vmmipc {} exporting: rank {} (from {}), listening on {}",
-                    VMMIPC_VERSION_STRING, state.rank, params.rank_source, listener->address());
+                    VMMIPC_VERSION_STRING, self.rank, params.rank_source, listener->address());
   else
     VMMIPC_LOG_INFO(
         "vmmipc {} exporting: no rank variable, {}, listening on {}", VMMIPC_VERSION_STRING,

@@ -4,7 +4,8 @@
 
 #include <memory>
 
-#include "core/process_state.h"
+#include "core/export/export_side.h"
+#include "core/identity.h"
 #include "transport/serve/listener.h"
 
 namespace vmmipc::core {
@@ -12,6 +13,7 @@ namespace vmmipc::core {
 // Starts the listener, on the first export (under the export side's lock,
 // ExportSide::EnsureListener); `context` is the one its threads will use.
 // Null when it cannot start (one error line says why).
-std::unique_ptr<transport::Listener> StartListener(ProcessState& state, void** context);
+std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportSide& exporter,
+                                                   void** context);
 
 }  // namespace vmmipc::core

@@ -1,7 +1,8 @@
 // ExportSide: what this process keeps to export its own VMM memory: chunk
 // generations, the table of its own mappings (with the exported-fd cache),
-// the listener that answers peers, and the queue of chunks to export ahead
-// of their first request.
+// the listener that answers peers, the queue of chunks to export ahead of
+// their first request, and the export arena its own reservations are carved
+// from (core/arena/arena_side.h, its own lock).
 //
 // Locking:
 //  - generations() and mappings() lock themselves.
@@ -33,6 +34,7 @@
 
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
+#include "core/arena/arena_side.h"
 #include "state/chunk_generations.h"
 #include "state/vmm_mappings.h"
 #include "transport/serve/listener.h"
@@ -44,6 +46,8 @@ class ExportSide {
   state::ChunkGenerations& generations() { return generations_; }
   // Own VMM mappings, from the cuMemMap/cuMemUnmap hooks.
   state::VmmMappings& mappings() { return mappings_; }
+  // The export arena (core/arena/export_arena.h).
+  ArenaSide& arena() { return arena_; }
 
   // True once the listener runs; then listener() and export_context() are set.
   bool listener_ready() const { return listener_ready_.load(std::memory_order_acquire); }
@@ -111,6 +115,7 @@ class ExportSide {
 
   state::ChunkGenerations generations_;
   state::VmmMappings mappings_;
+  ArenaSide arena_;
 
   std::mutex export_mutex_;
   std::unique_ptr<transport::Listener> listener_;
@@ -128,5 +133,9 @@ class ExportSide {
   std::vector<uint64_t> ahead_;
   bool ahead_queued_ = false;  // a drain task is posted and has not finished
 };
+
+// This process's export side; makes the process state (core/process_state.cc)
+// on the first call.
+ExportSide& Exporter();
 
 }  // namespace vmmipc::core

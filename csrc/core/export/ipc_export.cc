@@ -10,7 +10,7 @@
 #include "core/export/vmm_memory.h"
 #include "core/handle_fields.h"
 #include "core/hooks.h"
-#include "core/process_state.h"
+#include "core/identity.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "state/handle_codec.h"
@@ -48,28 +48,28 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   }
   const uint64_t region_base = chunk.region_base;
 
-  ProcessState& state = State();
-  if (!state.exporter.EnsureListener(
-          [&state](void** context) { return StartListener(state, context); })) {
+  Identity& self = OwnIdentity();
+  ExportSide& exporter = Exporter();
+  if (!exporter.EnsureListener(
+          [&](void** context) { return StartListener(self, exporter, context); })) {
     stats::Count(stats::Counter::kExportRefusedNoListener);
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
   state::Vmm2Handle handle;
-  handle.rank_slot = SlotForExport(state, chunk.device);
-  handle.pid = state.pid;
+  handle.rank_slot = SlotForExport(self, chunk.device);
+  handle.pid = self.pid;
   handle.generation = chunk.generation;
-  handle.instance = state.instance;
+  handle.instance = self.instance;
   handle.address = address;
   handle.chunk_size = chunk.size;
   handle.chunk_base = chunk.base;
   handle.region_base = region_base;
   // The handle grants what it names, nothing else (docs/security.md): the
   // listener serves a request only under this MAC of exactly these fields.
-  handle.capability = transport::wire::Capability(state.secret, FieldsOf(handle));
+  handle.capability = transport::wire::Capability(self.secret, FieldsOf(handle));
   state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
-  if (!chunk.export_cached && chunk.posix_fd_exportable)
-    QueueExportAhead(state.exporter, chunk.base);
+  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(exporter, chunk.base);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -21,8 +21,8 @@ constexpr int32_t kNoSlot = -1;
 // Finds the slot of `device` from the host's GPU list and logs what came of
 // it, once per device: the answer is the same for the life of the process.
 // The first slot found names the process in every log line from then on,
-// this one included. Caller holds state.gpu_slot_mutex.
-int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& params) {
+// this one included. Caller holds self.gpu_slot_mutex.
+int32_t FindGpuSlot(Identity& self, int32_t device, const config::Params& params) {
   const driver::HostGpu gpu = driver::FindHostGpu(Real(), device, params.host_gpus);
   // An explicit VMMIPC_RANK_FROM=gpu that cannot be honoured is a warning;
   // under auto it is the ordinary state of a process without a rank.
@@ -35,8 +35,8 @@ int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& p
     return kNoSlot;
   }
   if (params.SlotFor(gpu.index) < 0) return kNoSlot;  // a handle cannot say it
-  if (!state.gpu_slot_tagged) {
-    state.gpu_slot_tagged = true;
+  if (!self.gpu_slot_tagged) {
+    self.gpu_slot_tagged = true;
     log::SetRank(gpu.index, /*from_gpu=*/true);
   }
   VMMIPC_LOG_INFO(
@@ -53,18 +53,18 @@ int32_t FindGpuSlot(ProcessState& state, int32_t device, const config::Params& p
 
 }  // namespace
 
-uint16_t SlotForExport(ProcessState& state, int32_t device) {
-  if (state.rank >= 0) return static_cast<uint16_t>(state.rank);
+uint16_t SlotForExport(Identity& self, int32_t device) {
+  if (self.rank >= 0) return static_cast<uint16_t>(self.rank);
   const config::Params& params = config::Get();
-  if (!params.slot_from_gpu() || device < 0 || device >= ProcessState::kMaxSlotDevices)
+  if (!params.slot_from_gpu() || device < 0 || device >= Identity::kMaxSlotDevices)
     return state::kUnranked;
-  std::atomic<int32_t>& cached = state.gpu_slots[device];
+  std::atomic<int32_t>& cached = self.gpu_slots[device];
   int32_t slot = cached.load(std::memory_order_acquire);
   if (slot == kNotAsked) {
-    std::lock_guard<std::mutex> lock(state.gpu_slot_mutex);
+    std::lock_guard<std::mutex> lock(self.gpu_slot_mutex);
     slot = cached.load(std::memory_order_relaxed);
     if (slot == kNotAsked) {
-      const int32_t found = FindGpuSlot(state, device, params);
+      const int32_t found = FindGpuSlot(self, device, params);
       slot = found == kNoSlot ? kNoSlot : found + 1;
       cached.store(slot, std::memory_order_release);
     }

@@ -8,12 +8,12 @@
 
 #include <cstdint>
 
-#include "core/process_state.h"
+#include "core/identity.h"
 
 namespace vmmipc::core {
 
 // The slot for memory on `device` (an ordinal of this process; -1: not on a
 // device). Cheap after the first call for a device: one atomic load.
-uint16_t SlotForExport(ProcessState& state, int32_t device);
+uint16_t SlotForExport(Identity& self, int32_t device);
 
 }  // namespace vmmipc::core

@@ -8,7 +8,6 @@
 #include "common/log.h"
 #include "core/export/exported_fds.h"
 #include "core/export/serving.h"
-#include "core/process_state.h"
 #include "core/stats.h"
 #include "transport/socket_io.h"
 
@@ -36,7 +35,7 @@ bool RefuseOffset(Serving* serving, uint64_t chunk_base, uint64_t offset) {
 
 transport::ServeReply Serve(const transport::ServeRequest& request) {
   const auto start = SteadyClock::now();
-  ExportSide& exporter = State().exporter;
+  ExportSide& exporter = Exporter();
   UseExportContext(exporter);
   Serving serving(request);
   SnapshotRun(exporter, &serving);

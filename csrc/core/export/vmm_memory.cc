@@ -4,7 +4,7 @@
 #include "common/log.h"
 #include "core/arena/export_arena.h"
 #include "core/device_memory.h"
-#include "core/process_state.h"
+#include "core/export/export_side.h"
 #include "core/real.h"
 #include "driver/status.h"
 
@@ -25,7 +25,7 @@ CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* regio
 }
 
 bool DescribeTracked(uint64_t address, ChunkInfo* info) {
-  std::optional<state::VmmMapping> mapping = State().exporter.mappings().Find(address);
+  std::optional<state::VmmMapping> mapping = Exporter().mappings().Find(address);
   if (!mapping) return false;
   info->base = mapping->base;
   info->size = mapping->size;
@@ -50,7 +50,7 @@ CUresult RetainedChunk::Retain(uint64_t address) {
   if (DescribeTracked(address, &info_)) return CUDA_SUCCESS;
   CUmemAllocationProp prop = {};
   const CUresult props = VMMIPC_REAL(MemGetAllocationPropertiesFromHandle, &prop, handle_);
-  info_.generation = State().exporter.generations().GetOrAssign(handle_);
+  info_.generation = Exporter().generations().GetOrAssign(handle_);
   info_.posix_fd_exportable =
       props == CUDA_SUCCESS &&
       (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;

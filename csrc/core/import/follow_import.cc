@@ -10,7 +10,6 @@
 #include "common/log_limit.h"
 #include "config/params.h"
 #include "core/import/vmm_calls.h"
-#include "core/process_state.h"
 #include "core/real.h"
 #include "core/stats.h"
 
@@ -113,7 +112,7 @@ bool LogForOpensInFlight(ImportSide& importer, const state::ExporterId& exporter
 // The follow thread's handler: one event of exporter `tag` (pid << 32 | instance).
 AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   try {
-    ImportSide& importer = State().importer;
+    ImportSide& importer = Importer();
     UseFollowContext(importer);
     const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
     // Every placement lock of the exporter's opens, recorded and in flight,

@@ -38,25 +38,25 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
 
 }  // namespace
 
-FollowedOpen::FollowedOpen(ProcessState& state, const state::Vmm2Handle& handle)
-    : state_(state), exporter_{handle.pid, handle.instance}, follower_(FollowerId(state.importer)) {
+FollowedOpen::FollowedOpen(ImportSide& importer, const state::Vmm2Handle& handle)
+    : importer_(importer), exporter_{handle.pid, handle.instance}, follower_(FollowerId(importer)) {
   if (follower_ == 0) return;
-  watch_ = StartWatch(state.importer, handle.pid, handle.instance);
+  watch_ = StartWatch(importer, handle.pid, handle.instance);
   in_flight_ =
-      state.importer.BeginOpen(exporter_, ImportSide::PlacementIndex(handle.rank_slot, handle.pid));
+      importer.BeginOpen(exporter_, ImportSide::PlacementIndex(handle.rank_slot, handle.pid));
 }
 
 FollowedOpen::~FollowedOpen() {
   bool overflowed = false;
-  if (in_flight_ != 0) state_.importer.EndOpen(in_flight_, &overflowed);
-  if (watch_) EndWatch(state_.importer, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
+  if (in_flight_ != 0) importer_.EndOpen(in_flight_, &overflowed);
+  if (watch_) EndWatch(importer_, exporter_.pid, static_cast<uint32_t>(exporter_.instance));
 }
 
 CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened) {
   const state::Vmm2Handle& h = open->handle;
   std::vector<state::FollowEvent> missed;
   bool overflowed = false;
-  *reopened = state_.importer.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed);
+  *reopened = importer_.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed);
   in_flight_ = 0;
   if (*reopened) return CUDA_SUCCESS;
   if (overflowed) {

@@ -9,14 +9,14 @@
 #include <cstdint>
 #include <optional>
 
+#include "core/import/import_side.h"
 #include "core/import/opening.h"
-#include "core/process_state.h"
 
 namespace vmmipc::core {
 
 class FollowedOpen {
  public:
-  FollowedOpen(ProcessState& state, const state::Vmm2Handle& handle);
+  FollowedOpen(ImportSide& importer, const state::Vmm2Handle& handle);
   ~FollowedOpen();
   FollowedOpen(const FollowedOpen&) = delete;
   FollowedOpen& operator=(const FollowedOpen&) = delete;
@@ -33,7 +33,7 @@ class FollowedOpen {
   CUresult CatchUp(Opening* open, std::optional<uint64_t>* reopened);
 
  private:
-  ProcessState& state_;
+  ImportSide& importer_;
   state::ExporterId exporter_;
   uint32_t follower_ = 0;
   bool watch_ = false;

@@ -194,4 +194,8 @@ class ImportSide {
   ImportFollow follow_;
 };
 
+// This process's import side; makes the process state (core/process_state.cc)
+// on the first call.
+ImportSide& Importer();
+
 }  // namespace vmmipc::core

@@ -10,7 +10,6 @@
 #include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
 #include "core/import/zone_anchors.h"
-#include "core/process_state.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -32,42 +31,42 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
                           bool v2) {
   Opening open;
   if (const std::optional<CUresult> done = DecodeOpen(pointer, raw, flags, v2, &open)) return *done;
-  ProcessState& state = State();
-  if (Reopened(state.importer.Reopen(open.key), pointer)) return CUDA_SUCCESS;
-  FollowedOpen followed(state, open.handle);
+  ImportSide& importer = Importer();
+  if (Reopened(importer.Reopen(open.key), pointer)) return CUDA_SUCCESS;
+  FollowedOpen followed(importer, open.handle);
   VMMIPC_RETURN_IF_ERROR(FetchRun(followed, &open));
   // Placement and mapping: under the placement lock of the exporter's slot
   // (of the exporter itself when it is unranked).
   std::lock_guard<std::mutex> placement_lock(
-      state.importer.placement_mutex(open.handle.rank_slot, open.handle.pid));
+      importer.placement_mutex(open.handle.rank_slot, open.handle.pid));
   // Another thread may have opened the same handle while this one fetched
   // (the fetched fds then close unused).
   std::optional<uint64_t> again;
   VMMIPC_RETURN_IF_ERROR(followed.CatchUp(&open, &again));
   if (Reopened(again, pointer)) return CUDA_SUCCESS;
-  VMMIPC_RETURN_IF_ERROR(PlaceRun(state.importer, &open));
-  VMMIPC_RETURN_IF_ERROR(MapRun(state.importer, &open));
-  RecordOpen(state, &open);
+  VMMIPC_RETURN_IF_ERROR(PlaceRun(importer, &open));
+  VMMIPC_RETURN_IF_ERROR(MapRun(importer, &open));
+  RecordOpen(importer, &open);
   *pointer = open.pointer();
   return CUDA_SUCCESS;
 }
 
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
-  ProcessState& state = State();
+  ImportSide& importer = Importer();
   // The placement lock of the open being closed, so that its unmaps cannot
   // interleave with an open placing chunks in the same slot (import_side.h).
   std::optional<state::OpenKey> key;
-  if (!state.importer.KeyToClose(pointer, &key)) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
+  if (!importer.KeyToClose(pointer, &key)) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   std::unique_lock<std::mutex> placement_lock;
   if (key)
-    placement_lock = std::unique_lock<std::mutex>(
-        state.importer.placement_mutex(key->rank_slot, key->exporter.pid));
-  const state::CloseResult closed = state.importer.Close(pointer);
+    placement_lock =
+        std::unique_lock<std::mutex>(importer.placement_mutex(key->rank_slot, key->exporter.pid));
+  const state::CloseResult closed = importer.Close(pointer);
   // Not ours (legacy memory, or one close too many): the driver decides.
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);
   // Before the stretch's last chunk goes, so that its page tables stay.
-  AnchorBeforeUnmap(state.importer, closed.to_unmap);
+  AnchorBeforeUnmap(importer, closed.to_unmap);
   for (const auto& chunk : closed.to_unmap) {
     if (chunk.paused) continue;  // its exporter paused it: nothing is mapped (follow)
     UnmapChunk(chunk.target, chunk.size);

@@ -1,7 +1,7 @@
 // The open's decode step: the handle, the call's flags, not a handle of our
 // own, a current context. Handles that are not VMM2 go to the real driver.
+#include "core/identity.h"
 #include "core/import/opening.h"
-#include "core/process_state.h"
 #include "core/real.h"
 #include "core/stats.h"
 
@@ -58,8 +58,8 @@ std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& r
                 flags);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const ProcessState& state = State();
-  if (h.pid == state.pid && h.instance == state.instance) {
+  const Identity& self = OwnIdentity();
+  if (h.pid == self.pid && h.instance == self.instance) {
     OpenWarning(log::Level::kWarn, "cuIpcOpenMemHandle: the handle was exported by this process");
     return CUDA_ERROR_INVALID_CONTEXT;
   }

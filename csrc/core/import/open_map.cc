@@ -4,7 +4,6 @@
 #include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
 #include "core/import/zone_anchors.h"
-#include "core/process_state.h"
 #include "core/stats.h"
 
 namespace vmmipc::core {
@@ -59,7 +58,7 @@ CUresult MapRun(ImportSide& importer, Opening* open) {
   return result;
 }
 
-void RecordOpen(ProcessState& state, Opening* open) {
+void RecordOpen(ImportSide& importer, Opening* open) {
   const state::Vmm2Handle& h = open->handle;
   state::OpenRecord record;
   record.key = open->key;
@@ -70,14 +69,14 @@ void RecordOpen(ProcessState& state, Opening* open) {
   record.zone_slot = open->placement.zone_slot;
   record.private_reservation = open->placement.private_reservation;
   record.private_reservation_size = open->placement.private_size;
-  state.importer.AddOpen(open->plan.mapped_now, record);
+  importer.AddOpen(open->plan.mapped_now, record);
   for (const state::MappedChunk& chunk : open->plan.mapped_now) {
     stats::Count(stats::Counter::kChunksMapped);
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
   }
   stats::Count(stats::Counter::kHandlesOpened);
   if (open->fetched.watch.fd.valid())
-    KeepWatch(state.importer, h.pid, h.instance, std::move(open->fetched.watch));
+    KeepWatch(importer, h.pid, h.instance, std::move(open->fetched.watch));
   const int64_t map_us = MicrosSince(open->map_start);
   VMMIPC_LOG_DEBUG(
       "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "

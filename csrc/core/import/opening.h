@@ -25,7 +25,6 @@
 namespace vmmipc::core {
 
 class FollowedOpen;
-struct ProcessState;
 
 // Where a run goes: its zone slot, or a private reservation of its own.
 struct Placement {
@@ -98,6 +97,6 @@ CUresult MapRun(ImportSide& importer, Opening* open);
 
 // record: the open in the import table, its stats, the watch connection the
 // fetch brought (follow), and its debug line. Caller holds the placement lock.
-void RecordOpen(ProcessState& state, Opening* open);
+void RecordOpen(ImportSide& importer, Opening* open);
 
 }  // namespace vmmipc::core
