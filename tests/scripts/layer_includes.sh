@@ -3,9 +3,11 @@
 # entry -> core -> state / driver / transport / config -> common, with no
 # include between the four middle layers and none back up. Inside core, the
 # sides keep apart: core/import includes nothing of core/export or core/arena,
-# core/export nothing of core/import, core/arena nothing of either; core/'s own
-# files (process state, the driver door, stats, follow, the hooks that span
-# sides) may include every side; the tool (vmmipc-config) uses the layers
+# core/export nothing of core/import, core/arena nothing of either; and core's
+# own files stand above or below the sides, never both: no side includes
+# what aggregates them (core/process_state.h, core/follow.h), and a file of
+# core/ that a side includes (the driver door, stats, the identity, ...)
+# includes no side, so no include runs back up; the tool (vmmipc-config) uses the layers
 # below core only. Inside transport, the roles keep apart the same way:
 # transport/client and transport/serve include nothing of each other,
 # transport/reaper nothing of either, and the shared base (transport/'s own
@@ -57,6 +59,28 @@ for side in "${!forbidden_sides[@]}"; do
     done < <(grep -rnE "^#include \"core/$other/" "$src/csrc/core/$side" || true)
   done
 done
+# core/'s own headers above the sides (they include the sides).
+above_sides="core/process_state.h core/follow.h"
+for side in export import arena; do
+  for header in $above_sides; do
+    while IFS= read -r hit; do
+      echo "FAIL ${hit#"$src"/} (core/$side may not include $header, which stands above the sides)"
+      failed=1
+    done < <(grep -rnF "#include \"$header\"" "$src/csrc/core/$side" || true)
+  done
+done
+# core/'s own files that a side includes, with their sources: none includes a side.
+below_sides=$(grep -rhoE '^#include "core/[a-z_]+\.h"' "$src/csrc/core/export" "$src/csrc/core/import" \
+  "$src/csrc/core/arena" | sed -E 's/^#include "core\/([a-z_]+)\.h"/\1/' | sort -u)
+for name in $below_sides; do
+  for file in "$src/csrc/core/$name.h" "$src/csrc/core/$name.cc"; do
+    [ -f "$file" ] || continue
+    while IFS= read -r hit; do
+      echo "FAIL ${file#"$src"/}:$hit (a side includes core/$name.h: it may include no side)"
+      failed=1
+    done < <(grep -nE '^#include "core/(export|import|arena)/' "$file" || true)
+  done
+done
 for role in "${!forbidden_roles[@]}"; do
   [ -d "$src/csrc/transport/$role" ] || { echo "FAIL csrc/transport/$role is missing"; failed=1; continue; }
   for other in ${forbidden_roles[$role]}; do
@@ -70,5 +94,5 @@ while IFS= read -r hit; do
   echo "FAIL ${hit#"$src"/} (transport's base may include no role: client, serve, reaper)"
   failed=1
 done < <(grep -nE '^#include "transport/(client|serve|reaper)/' "$src"/csrc/transport/*.h "$src"/csrc/transport/*.cc || true)
-((failed == 0)) && echo "every include of csrc/ follows the layers, core's sides and transport's roles"
+((failed == 0)) && echo "every include of csrc/ follows the layers, core's sides (none back up) and transport's roles"
 exit "$failed"
