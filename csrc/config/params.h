@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/timeout.h"
 #include "config/values.h"
 
 namespace vmmipc::config {
@@ -170,6 +171,8 @@ struct Params {
 
   // A process with no rank from a variable may get one slot per GPU it
   // exports from (core/export/rank_slot.h).
+  // VMMIPC_TIMEOUT_MS as the one value the socket protocol's waits take.
+  Timeout timeout() const { return Timeout::Ms(timeout_ms); }
   bool slot_from_gpu() const { return rank < 0 && (rank_from == "auto" || rank_from == "gpu"); }
   // The export arena serves processes whose slot is known to be wanted: a rank
   // from a variable, or VMMIPC_RANK_FROM=gpu (every process here is a GPU

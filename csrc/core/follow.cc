@@ -30,8 +30,8 @@ std::string PidList(const std::vector<std::pair<uint32_t, uint32_t>>& followers)
 transport::NotifyResult Notify(ProcessState& state,
                                const std::vector<transport::WatchNotice>& notices,
                                const char* what) {
-  const int timeout_ms = static_cast<int>(config::Get().timeout_ms);
-  transport::NotifyResult result = state.exporter.listener().Notify(notices, timeout_ms);
+  const Timeout timeout = config::Get().timeout();
+  transport::NotifyResult result = state.exporter.listener().Notify(notices, timeout);
   stats::Count(stats::Counter::kFollowNotices, result.events_sent);
   if (!result.newly_lagging.empty()) {
     stats::Count(stats::Counter::kFollowUnanswered, result.newly_lagging.size());
@@ -39,7 +39,7 @@ transport::NotifyResult Notify(ProcessState& state,
         "follow: importer {} did not answer the {} of {} chunk(s) from 0x{:x} within {} ms "
         "(stopped or hung?); not waiting for it again until it answers, then it is sent what "
         "it missed",
-        PidList(result.newly_lagging), what, notices.size(), notices.front().base, timeout_ms);
+        PidList(result.newly_lagging), what, notices.size(), notices.front().base, timeout.ms());
   }
   return result;
 }

@@ -99,7 +99,7 @@ wire::HandleFields Handle(uint32_t pid) {
   transport::ListenerOptions options;
   options.secret = kSecret;
   options.pid = static_cast<uint32_t>(getpid());
-  options.timeout_ms = 5000;
+  options.timeout = vmmipc::Timeout::Ms(5000);
   const int chunk_fd = chunk.get();
   std::string error;
   auto listener = transport::Listener::Start(
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   request.handle = Handle(static_cast<uint32_t>(exporter));
   request.capability = wire::Capability(kSecret, request.handle);
   transport::ClientOptions cold;
-  cold.timeout_ms = 5000;
+  cold.timeout = vmmipc::Timeout::Ms(5000);
   transport::ClientOptions warm = cold;
   warm.warm_connections = 64;
 

@@ -165,7 +165,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ServeContext context;
     context.secret = kSecret;
     context.uid = geteuid() + (ctl & 4 ? 1 : 0);
-    context.timeout_ms = 20;
+    context.timeout = Timeout::Ms(20);
     context.stop_fd = stop.get();
     context.handler = &handler;
     context.name = "@fuzz";

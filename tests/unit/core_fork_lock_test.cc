@@ -246,7 +246,7 @@ TEST(CoreForkLocks, TheChildClosesTheWatchConnectionsWhileAnotherThreadHoldsTheW
         [](uint64_t, const transport::wire::Event&, ScopedFd) {
           return transport::wire::AckStatus::kDone;
         },
-        1000);
+        Timeout::Ms(1000));
   };
   // The exporters' ends stay here; the importer's ends go to the watch client.
   std::vector<ScopedFd> exporter_ends;

@@ -85,7 +85,7 @@ inline ListenerOptions Options(uint32_t pid, int timeout_ms = 200, std::string d
   o.secret = kSecret;
   o.pid = pid;
   o.socket_dir = std::move(dir);
-  o.timeout_ms = timeout_ms;
+  o.timeout = Timeout::Ms(timeout_ms);
   return o;
 }
 
@@ -108,7 +108,7 @@ inline SipKey GenuineKey(uint32_t pid) { return wire::KeyFor(kSecret, Request(pi
 
 inline ClientOptions Client(int timeout_ms = 1000, std::string dir = "") {
   ClientOptions c;
-  c.timeout_ms = timeout_ms;
+  c.timeout = Timeout::Ms(timeout_ms);
   c.socket_dir = std::move(dir);
   return c;
 }

@@ -146,7 +146,7 @@ TEST(TransportEofRace, FetchGetsTheAnswerOfAnExporterThatClosedRightAfterIt) {
   ListenerOptions options;
   options.secret = secret;
   options.pid = pid;
-  options.timeout_ms = 2000;
+  options.timeout = Timeout::Ms(2000);
   ScopedFd memfd = Memfd();
   ASSERT_EQ(ftruncate(memfd.get(), 4096), 0);
   std::string error;
@@ -176,7 +176,7 @@ TEST(TransportEofRace, FetchGetsTheAnswerOfAnExporterThatClosedRightAfterIt) {
   t_race_next = true;     // the importer's first recvmsg: its look at the reply
   t_peer_acts = nullptr;  // the listener answers and closes on its own thread
   ClientOptions client;
-  client.timeout_ms = 2000;
+  client.timeout = Timeout::Ms(2000);
   const FetchResult result = FetchChunks(request, client);
   EXPECT_EQ(g_races, races + 1) << "the race was not staged";
   ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;

@@ -83,7 +83,7 @@ class TransportListenerPath : public ::testing::Test {
     o.secret = kSecret;
     o.pid = pid;
     o.socket_dir = dir_;
-    o.timeout_ms = 200;
+    o.timeout = Timeout::Ms(200);
     return o;
   }
   std::string PathOf(uint32_t pid) {

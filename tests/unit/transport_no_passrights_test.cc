@@ -109,7 +109,7 @@ TEST(TransportNoPassRights, AFloodOfConnectionsWithFdsCostsTheExporterNeitherFds
   ListenerOptions options;
   options.secret = kSecret;
   options.pid = pid;
-  options.timeout_ms = 1000;
+  options.timeout = Timeout::Ms(1000);
   ServeHandler handler = [](const ServeRequest&) {
     ServeReply reply;
     ChunkGrant grant;
@@ -154,7 +154,7 @@ TEST(TransportNoPassRights, AFloodOfConnectionsWithFdsCostsTheExporterNeitherFds
     if (!own) ++opens_failed;
     if (fetches < 50) {
       ClientOptions client;
-      client.timeout_ms = 2000;
+      client.timeout = Timeout::Ms(2000);
       FetchResult result = FetchChunks(Request(pid), client);
       ++fetches;
       if (result.status != FetchStatus::kOk) ++fetches_failed;

@@ -103,7 +103,7 @@ TEST(PeerFds, AGenuineGrantOfALingeringSocketFailsTheOpenAtOnce) {
   request.handle.chunk_size = 4096;
   request.handle.generation = 7;
   ClientOptions client;
-  client.timeout_ms = 2000;
+  client.timeout = Timeout::Ms(2000);
   const auto start = std::chrono::steady_clock::now();
   const FetchResult result = FetchChunks(request, client);
   EXPECT_LT(ElapsedMs(start), 2000);

@@ -38,7 +38,7 @@ long ServeMs(ScopedFd server, uint32_t served_uid, int timeout_ms, int* handler_
   ServeContext context;
   context.secret = kSecret;
   context.uid = served_uid;
-  context.timeout_ms = timeout_ms;
+  context.timeout = Timeout::Ms(timeout_ms);
   context.handler = &handler;
   context.name = "@test";
   const auto start = Clock::now();

@@ -46,7 +46,7 @@ class WatchClientTest : public ::testing::Test {
           seen_.changed.notify_all();
           return wire::AckStatus::kDone;
         },
-        1000);
+        Timeout::Ms(1000));
     WatchConnection connection;
     connection.fd = std::move(client_end);
     connection.key = kKey;

@@ -37,7 +37,7 @@ std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportS
   options.pid = self.pid;
   options.instance = self.instance;  // names the socket: unique across pid namespaces
   options.socket_dir = params.socket_dir;
-  options.timeout_ms = static_cast<int>(params.timeout_ms);
+  options.timeout = params.timeout();
   options.max_workers = static_cast<int>(params.listener_threads);
   options.keep_watchers = params.follow;
   // A lagging follower's catch-up resume: the memory mapped at `base` now,

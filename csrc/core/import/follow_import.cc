@@ -146,8 +146,7 @@ uint64_t Tag(uint32_t pid, uint32_t instance) { return (uint64_t{pid} << 32) | i
 
 bool StartWatch(ImportSide& importer, uint32_t pid, uint32_t instance) {
   if (!config::Get().follow) return false;
-  return importer.follow().StartWatch(Tag(pid, instance),
-                                      static_cast<int>(config::Get().timeout_ms));
+  return importer.follow().StartWatch(Tag(pid, instance), config::Get().timeout());
 }
 
 void EndWatch(ImportSide& importer, uint32_t pid, uint32_t instance) {
@@ -165,8 +164,7 @@ void KeepWatch(ImportSide& importer, uint32_t pid, uint32_t instance,
   auto make = [](void** context) {
     CUcontext current = nullptr;
     if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
-    return std::make_unique<transport::WatchClient>(OnEvent,
-                                                    static_cast<int>(config::Get().timeout_ms));
+    return std::make_unique<transport::WatchClient>(OnEvent, config::Get().timeout());
   };
   std::string error;
   // An open of each exporter not followed yet asks again: rate-limited.

@@ -20,9 +20,9 @@ uint32_t ImportFollow::follower_id() {
   return follower_id_;
 }
 
-bool ImportFollow::StartWatch(uint64_t tag, int timeout_ms) {
+bool ImportFollow::StartWatch(uint64_t tag, Timeout timeout) {
   std::unique_lock<std::mutex> lock(follow_mutex_);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout.ms());
   while (watch_requests_.count(tag) != 0)
     if (watch_ended_.wait_until(lock, until) == std::cv_status::timeout) return false;
   if (watch_client_ && watch_client_->Has(tag)) return false;

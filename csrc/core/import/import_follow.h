@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 
+#include "common/timeout.h"
 #include "transport/client/watch_client.h"
 
 namespace vmmipc::core {
@@ -33,9 +34,9 @@ class ImportFollow {
   uint32_t follower_id();
   // True when this open should ask exporter `tag` for a watch connection:
   // none is kept and no other open asks for one (one that does is waited
-  // for, at most `timeout_ms`, so that a grant never precedes the watch
+  // for, at most `timeout`, so that a grant never precedes the watch
   // connection it is told on). A true answer must be followed by EndWatch.
-  bool StartWatch(uint64_t tag, int timeout_ms);
+  bool StartWatch(uint64_t tag, Timeout timeout);
   // The open that asked for a watch is done (KeepWatch ran, or it failed).
   void EndWatch(uint64_t tag);
   // True when a watch connection to exporter `tag` is kept.

@@ -95,8 +95,8 @@ CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
   open->fetched = transport::FetchChunks(
-      request, {params.socket_dir, static_cast<int>(params.timeout_ms), followed.watch(),
-                followed.follower(), static_cast<size_t>(params.warm_connections)});
+      request, {params.socket_dir, params.timeout(), followed.watch(), followed.follower(),
+                static_cast<size_t>(params.warm_connections)});
   if (open->fetched.status != transport::FetchStatus::kOk) return FetchFailure(open->fetched, h);
   stats::Count(stats::Counter::kFdsReceived, open->fetched.chunks.size());
   if (!RunIsConsistent(open->fetched.chunks, h)) {

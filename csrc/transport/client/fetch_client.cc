@@ -31,7 +31,7 @@ struct Fetch {
   Fetch(const FetchRequest& r, const ClientOptions& o)
       : request(r),
         options(o),
-        timeout_ms(std::max(o.timeout_ms, 1)),
+        timeout_ms(o.timeout.ms()),
         deadline(Deadline::AfterMs(timeout_ms)) {}
   // Whatever the fetch's end: the chunks of the batches received so far go
   // to the reaper, and so does the connection with anything still queued

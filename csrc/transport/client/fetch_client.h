@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/scoped_fd.h"
+#include "common/timeout.h"
 #include "transport/chunk_grant.h"
 #include "transport/siphash.h"
 #include "transport/wire.h"
@@ -29,7 +30,7 @@ struct FetchRequest {
 
 struct ClientOptions {
   std::string socket_dir;  // empty: abstract socket
-  int timeout_ms = 5000;   // bound on the whole exchange
+  Timeout timeout;         // bound on the whole exchange
   bool watch = false;      // ask the exporter to keep the connection for events (follow)
   uint32_t follower = 0;   // this importer's follower id (follow; required with watch)
   // Keep the connection after the fetch, and reuse a kept one, up to this

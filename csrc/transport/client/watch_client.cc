@@ -141,9 +141,9 @@ void WatchClient::Impl::Run() noexcept {
   }
 }
 
-WatchClient::WatchClient(EventHandler handler, int timeout_ms) : impl_(std::make_unique<Impl>()) {
+WatchClient::WatchClient(EventHandler handler, Timeout timeout) : impl_(std::make_unique<Impl>()) {
   impl_->handler = std::move(handler);
-  impl_->timeout_ms = std::max(timeout_ms, 1);
+  impl_->timeout_ms = timeout.ms();
 }
 
 WatchClient::~WatchClient() {

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "common/scoped_fd.h"
+#include "common/timeout.h"
 #include "transport/client/fetch_client.h"
 #include "transport/wire.h"
 
@@ -26,7 +27,7 @@ using EventHandler =
 
 class WatchClient {
  public:
-  WatchClient(EventHandler handler, int timeout_ms);
+  WatchClient(EventHandler handler, Timeout timeout);
   ~WatchClient();  // stops the thread, closes the connections
   WatchClient(const WatchClient&) = delete;
   WatchClient& operator=(const WatchClient&) = delete;

@@ -29,7 +29,7 @@ bool Listener::Impl::StartServing(std::string* error) {
   }
   context.secret = options.secret;
   context.uid = ::geteuid();
-  context.timeout_ms = std::max(options.timeout_ms, 1);
+  context.timeout = options.timeout;
   context.stop_fd = stop_fd.get();
   context.handler = &handler;
   context.name = address.display;
@@ -135,13 +135,13 @@ void Listener::Post(std::function<void()> task) {
     impl_->workers.Dispatch(ListenerJob{PendingRequest{}, ServeReply{}, std::move(task)});
 }
 
-NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, int timeout_ms) {
+NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, Timeout timeout) {
   if (!impl_ || impl_->context.watchers == nullptr) {
     NotifyResult none;
     none.done.resize(notices.size());
     return none;
   }
-  return impl_->watchers.Notify(notices, timeout_ms, impl_->stop_fd.get());
+  return impl_->watchers.Notify(notices, timeout.ms(), impl_->stop_fd.get());
 }
 
 void Listener::PrepareFork() noexcept {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/timeout.h"
 #include "transport/serve/serve_handler.h"
 #include "transport/serve/watchers.h"
 #include "transport/siphash.h"
@@ -36,7 +37,7 @@ struct ListenerOptions {
   // socket; 0: the pid names it, as before handle version 3 (tests).
   uint32_t instance = 0;
   std::string socket_dir;      // empty: abstract socket
-  int timeout_ms = 5000;       // per connection: receive, send
+  Timeout timeout;             // per connection: receive, send
   int max_workers = 4;         // worker threads (at least 1), started as needed
   bool keep_watchers = false;  // keep the connections of requests that ask to watch
   ResumeFdSource resume_fd;    // with keep_watchers: fds for a lagging follower's catch-up
@@ -68,8 +69,8 @@ class Listener {
   void Post(std::function<void()> task);
 
   // Sends events to the importers that watch this process and waits for
-  // their acks, at most timeout_ms (watchers.h). Empty result without watchers.
-  NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms);
+  // their acks, at most `timeout` (watchers.h). Empty result without watchers.
+  NotifyResult Notify(const std::vector<WatchNotice>& notices, Timeout timeout);
 
   struct Impl;
 

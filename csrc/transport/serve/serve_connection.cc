@@ -105,7 +105,7 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
   // fault. None on a kept connection: an importer reads each reply before its
   // next request, so the queue is empty unless the peer does not read, and
   // the poll thread that sends it must not wait on such a peer.
-  const Deadline deadline = Deadline::AfterMs(p.kept ? 0 : context.timeout_ms);
+  const Deadline deadline = Deadline::AfterMs(p.kept ? 0 : context.timeout.ms());
   std::vector<wire::ReplyEntry> entries;
   std::vector<int> fds;
   for (uint32_t batch = 0; batch < batches; ++batch) {
@@ -223,7 +223,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   if (RefuseReason reason = CheckRequest(c, context, message, bytes, preamble, &request, &why);
       reason != RefuseReason::kNone) {
     SendRefusal(c.fd.get(), context, key, c.peer, preamble.nonce, address, reason, why,
-                std::min(context.timeout_ms, kRefusalSendMs));
+                std::min(context.timeout.ms(), kRefusalSendMs));
     Close(std::move(c.fd), context);
     return ReadOutcome::kDone;
   }
@@ -246,7 +246,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
 bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) {
   auto refuse = [&](RefuseReason reason, const std::string& why) {
     SendRefusal(p.fd.get(), context, p.key, p.peer, p.nonce, p.request.address, reason, why,
-                context.timeout_ms);
+                context.timeout.ms());
     return false;
   };
   try {
@@ -280,9 +280,9 @@ bool StartConnection(ScopedFd fd, const ServeContext& context, Connection* out) 
   }
   out->fd = std::move(fd);
   out->peer = peer;
-  out->deadline =
-      Deadline::AfterMs(peer.uid == context.uid ? std::max(context.timeout_ms, 1)
-                                                : std::min(context.timeout_ms, kOtherUserGraceMs));
+  out->deadline = Deadline::AfterMs(peer.uid == context.uid
+                                        ? context.timeout.ms()
+                                        : std::min(context.timeout.ms(), kOtherUserGraceMs));
   return true;
 }
 
@@ -306,7 +306,7 @@ void DropSilent(Connection connection, const ServeContext& context) noexcept {
         "listener {}: dropped peer {} uid {}: no request (timed out after {} "
         "ms{})",
         context.name, PeerPidText(connection.peer.pid), connection.peer.uid,
-        same_user ? context.timeout_ms : std::min(context.timeout_ms, kOtherUserGraceMs),
+        same_user ? context.timeout.ms() : std::min(context.timeout.ms(), kOtherUserGraceMs),
         same_user ? "" : ", another user's grace");
   Dropped(context);
   Close(std::move(connection.fd), context);

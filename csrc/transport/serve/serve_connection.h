@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/scoped_fd.h"
+#include "common/timeout.h"
 #include "transport/serve/serve_handler.h"
 #include "transport/serve/watchers.h"
 #include "transport/siphash.h"
@@ -26,10 +27,10 @@
 namespace vmmipc::transport {
 
 struct ServeContext {
-  SipKey secret;          // the exporter's secret: each request's key is KeyFor(secret, fields)
-  uint32_t uid = 0;       // the only uid served (this process's euid)
-  int timeout_ms = 5000;  // receiving the request; then, afresh, sending the reply
-  int stop_fd = -1;       // readable when the listener stops: abandon the connection
+  SipKey secret;     // the exporter's secret: each request's key is KeyFor(secret, fields)
+  uint32_t uid = 0;  // the only uid served (this process's euid)
+  Timeout timeout;   // receiving the request; then, afresh, sending the reply
+  int stop_fd = -1;  // readable when the listener stops: abandon the connection
   const ServeHandler* handler = nullptr;
   std::string name;  // the listener's address, for log lines
   ListenerEvents events;
