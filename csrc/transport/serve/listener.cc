@@ -2,8 +2,8 @@
 // the stop eventfd, the context every connection is served with, the first
 // fd budget, the poll thread), stop everything promptly through the
 // eventfd, and let a forked child walk away from threads it does not have.
-// The poll thread's loop is listener_poll.cc, the connection budget
-// listener_admission.cc, the workers listener_workers.h; what happens on one
+// The poll thread's loop is listener_poll.cc, its admission admission.h,
+// the workers listener_workers.h; what happens on one
 // connection is serve_connection.cc's.
 #include "transport/serve/listener.h"
 
@@ -21,7 +21,7 @@
 
 namespace vmmipc::transport {
 
-bool Listener::Impl::StartServing(std::string* error) {
+bool ListenerImpl::StartServing(std::string* error) {
   stop_fd.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_fd) {
     *error = fmt::format("listener {}: eventfd: {}", address.display, ErrnoText(errno));
@@ -39,16 +39,16 @@ bool Listener::Impl::StartServing(std::string* error) {
   workers.Configure(&context, options.max_workers);
   // Room for every connection the caps let wait, so that the poll thread
   // never allocates for one.
-  waiting.reserve(kMaxOwnWaiting + kMaxOthersWaiting);
-  kept.reserve(kMaxKeptConnections);  // Keep never allocates on the poll thread
-  MeasureBudget(false);
-  const ConnectionCaps& caps = budget.caps();
+  admission.waiting.reserve(kMaxOwnWaiting + kMaxOthersWaiting);
+  admission.kept.reserve(kMaxKeptConnections);  // Keep never allocates on the poll thread
+  admission.MeasureBudget(false);
+  const ConnectionCaps& caps = admission.budget.caps();
   VMMIPC_LOG_DEBUG(
       "listener {}: {} of {} fds free: at most {} connections of our uid and {} of other users "
       "({} per user) waiting for their request, {} watch connections, {} kept for an importer's "
       "next request",
-      address.display, budget.free_fds(), budget.limit(), caps.own_waiting, caps.others_waiting,
-      caps.per_other_uid, caps.watchers, caps.kept);
+      address.display, admission.budget.free_fds(), admission.budget.limit(), caps.own_waiting,
+      caps.others_waiting, caps.per_other_uid, caps.watchers, caps.kept);
   try {
     thread = StartQuietThread("vmmipc-listen", [this] { Run(); });
   } catch (const std::exception& e) {
@@ -58,7 +58,7 @@ bool Listener::Impl::StartServing(std::string* error) {
   return true;
 }
 
-void Listener::Impl::Stop() noexcept {
+void ListenerImpl::Stop() noexcept {
   if (owner_pid != ::getpid()) {
     // A forked child that did not call AbandonAfterFork(): writing the shared
     // eventfd would stop the parent's listener, and the thread is not here.
@@ -83,7 +83,7 @@ void Listener::Impl::Stop() noexcept {
   socket_file.Remove();
 }
 
-void Listener::Impl::Abandon() noexcept {
+void ListenerImpl::Abandon() noexcept {
   Park(thread.release());  // leaked on purpose, see `thread`
   workers.AbandonAfterFork();
   // Closing our copies leaves the parent's socket and eventfd untouched: they
@@ -99,7 +99,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
   std::string local_error;
   if (error == nullptr) error = &local_error;
   try {
-    auto impl = std::make_unique<Impl>();
+    auto impl = std::make_unique<ListenerImpl>();
     impl->options = options;
     impl->handler = std::move(handler);
     impl->owner_pid = ::getpid();
@@ -126,7 +126,7 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
   }
 }
 
-Listener::Listener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Listener::Listener(std::unique_ptr<ListenerImpl> impl) : impl_(std::move(impl)) {}
 
 Listener::~Listener() = default;  // ~Impl stops the thread
 

@@ -23,26 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "common/timeout.h"
-#include "transport/serve/serve_handler.h"
+#include "transport/serve/listener_options.h"
 #include "transport/serve/watchers.h"
-#include "transport/siphash.h"
 
 namespace vmmipc::transport {
 
-struct ListenerOptions {
-  SipKey secret;     // this process's secret: handles' capabilities are made under it
-  uint32_t pid = 0;  // this process's pid as it appears in handles
-  // This process's public instance id (in every handle), which names the
-  // socket; 0: the pid names it, as before handle version 3 (tests).
-  uint32_t instance = 0;
-  std::string socket_dir;      // empty: abstract socket
-  Timeout timeout;             // per connection: receive, send
-  int max_workers = 4;         // worker threads (at least 1), started as needed
-  bool keep_watchers = false;  // keep the connections of requests that ask to watch
-  ResumeFdSource resume_fd;    // with keep_watchers: fds for a lagging follower's catch-up
-  ListenerEvents events;
-};
+struct ListenerImpl;  // listener_impl.h: the state its parts share
 
 class Listener {
  public:
@@ -72,11 +58,9 @@ class Listener {
   // their acks, at most `timeout` (watchers.h). Empty result without watchers.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, Timeout timeout);
 
-  struct Impl;
-
  private:
-  explicit Listener(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Listener(std::unique_ptr<ListenerImpl> impl);
+  std::unique_ptr<ListenerImpl> impl_;
 };
 
 }  // namespace vmmipc::transport

@@ -38,22 +38,23 @@ constinit log::LineLimit g_accept_lines(3, 60000);
 
 }  // namespace
 
-void Listener::Impl::Run() noexcept {
+void ListenerImpl::Run() noexcept {
   std::vector<pollfd> pfds;
   while (true) {
     pfds.clear();
-    const bool accepting = accept_resume.Expired();
+    const bool accepting = admission.accept_resume.Expired();
     pfds.push_back({stop_fd.get(), POLLIN, 0});
     pfds.push_back({accepting ? listen_fd.get() : -1, POLLIN, 0});
-    int sleep_ms = accepting ? kPollPeriodMs : std::min(kPollPeriodMs, accept_resume.RemainingMs());
-    for (const Connection& c : waiting) {
+    int sleep_ms =
+        accepting ? kPollPeriodMs : std::min(kPollPeriodMs, admission.accept_resume.RemainingMs());
+    for (const Connection& c : admission.waiting) {
       pfds.push_back({c.fd.get(), POLLIN, 0});
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
     }
     // The kept connections after them (their idle bound is long: the poll
     // period's wake-ups are enough to see it pass).
     const size_t kept_fds = pfds.size();
-    for (const Connection& c : kept) pfds.push_back({c.fd.get(), POLLIN, 0});
+    for (const Connection& c : admission.kept) pfds.push_back({c.fd.get(), POLLIN, 0});
     // After the waiting and kept connections (their indexes above stay): every watch
     // connection, for its hang-up, and lagging followers, whose answers and
     // room bring Maintain back at once.
@@ -71,20 +72,20 @@ void Listener::Impl::Run() noexcept {
     if (context.watchers != nullptr) {
       context.watchers->Maintain(std::span<const pollfd>(pfds).subspan(watch_fds));
       // Full: perhaps the host has closed fds since the cap was set.
-      if (context.watchers->count() >= budget.caps().watchers) RefreshBudget();
+      if (context.watchers->count() >= admission.budget.caps().watchers) admission.RefreshBudget();
     }
     // Requests first (their peers are waiting), then the deadlines, then new
     // peers. The kept connections' first: those are our importers' next
     // opens, and a request read from them may bring a connection back to kept.
-    const size_t kept_count = kept.size();
+    const size_t kept_count = admission.kept.size();
     ReadKept(std::span<const pollfd>(pfds).subspan(kept_fds, kept_count), n > 0);
     ReadWaiting(pfds, n > 0);
     if (n > 0 && accepting && pfds[1].revents != 0) AcceptQueued();
   }
-  for (Connection& c : waiting) CloseConnection(std::move(c.fd));
-  waiting.clear();
-  for (Connection& c : kept) CloseConnection(std::move(c.fd));
-  kept.clear();
+  for (Connection& c : admission.waiting) CloseConnection(std::move(c.fd));
+  admission.waiting.clear();
+  for (Connection& c : admission.kept) CloseConnection(std::move(c.fd));
+  admission.kept.clear();
 }
 
 // Reads the requests that came on the kept connections polled (`pfds`, one
@@ -92,7 +93,8 @@ void Listener::Impl::Run() noexcept {
 // idled past their bound, keeping the rest in order, in place. An answer may
 // keep its connection again: Keep appends it past the polled ones, within
 // the capacity reserved at Start, and it joins the kept ones at the end.
-void Listener::Impl::ReadKept(std::span<const pollfd> pfds, bool polled) noexcept {
+void ListenerImpl::ReadKept(std::span<const pollfd> pfds, bool polled) noexcept {
+  std::vector<Connection>& kept = admission.kept;
   const size_t count = std::min(kept.size(), pfds.size());
   size_t still = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -123,11 +125,11 @@ void Listener::Impl::ReadKept(std::span<const pollfd> pfds, bool polled) noexcep
 
 // Reads the requests that came (`polled`: the poll said which) and drops the
 // connections whose deadline passed, keeping the rest in order, in place.
-void Listener::Impl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept {
+void ListenerImpl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept {
   size_t kept = 0;
-  own_waiting = others_waiting = 0;
-  for (size_t i = 0; i < waiting.size(); ++i) {
-    Connection& c = waiting[i];
+  admission.own_waiting = admission.others_waiting = 0;
+  for (size_t i = 0; i < admission.waiting.size(); ++i) {
+    Connection& c = admission.waiting[i];
     if (polled && pfds[i + 2].revents != 0) {
       PendingRequest request;
       const ReadOutcome outcome = ReadRequest(c, context, &request);
@@ -141,17 +143,18 @@ void Listener::Impl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) n
       DropSilent(std::move(c), context);
       continue;
     }
-    ++(c.peer.uid == context.uid ? own_waiting : others_waiting);
-    if (kept != i) waiting[kept] = std::move(c);
+    ++(c.peer.uid == context.uid ? admission.own_waiting : admission.others_waiting);
+    if (kept != i) admission.waiting[kept] = std::move(c);
     ++kept;
   }
-  waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(kept), waiting.end());
+  admission.waiting.erase(admission.waiting.begin() + static_cast<ptrdiff_t>(kept),
+                          admission.waiting.end());
 }
 
 // Accepts what is queued, a turn's worth at most. Non-blocking: a connection
 // that went away between poll and accept must not park the thread where
 // Stop() cannot reach it.
-void Listener::Impl::AcceptQueued() noexcept {
+void ListenerImpl::AcceptQueued() noexcept {
   for (int i = 0; i < kAcceptsPerTurn; ++i) {
     const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -159,13 +162,13 @@ void Listener::Impl::AcceptQueued() noexcept {
       if (error != EAGAIN && error != EINTR && error != ECONNABORTED) AcceptFailed(error);
       return;
     }
-    if (out_of_fds) {
+    if (admission.out_of_fds) {
       // The shortage is over (or easing): without a new look, the caps would
       // stay at what was free during it for up to a second.
-      out_of_fds = false;
-      MeasureBudget(false);
-    } else if (budget.Outgrown(fd, Held())) {
-      RefreshBudget();
+      admission.out_of_fds = false;
+      admission.MeasureBudget(false);
+    } else if (admission.budget.Outgrown(fd, admission.Held())) {
+      admission.RefreshBudget();
     }
     Connection connection;
     if (!StartConnection(ScopedFd(fd), context, &connection)) continue;
@@ -180,26 +183,26 @@ void Listener::Impl::AcceptQueued() noexcept {
       case ReadOutcome::kDone:
         break;
       case ReadOutcome::kWaiting:
-        Admit(std::move(connection));
+        admission.Admit(std::move(connection));
         break;
     }
   }
 }
 
-void Listener::Impl::AcceptFailed(int error) noexcept {
-  accept_resume = Deadline::AfterMs(kAcceptBackoffMs);
+void ListenerImpl::AcceptFailed(int error) noexcept {
+  admission.accept_resume = Deadline::AfterMs(kAcceptBackoffMs);
   // Out of fds (EMFILE: this process's; ENFILE: the system's): the host has
   // fewer free than the caps were set for.
   if (error == EMFILE || error == ENFILE) {
-    MeasureBudget(error == EMFILE);
-    out_of_fds = true;
+    admission.MeasureBudget(error == EMFILE);
+    admission.out_of_fds = true;
   }
   if (log::Admitted(g_accept_lines, log::Level::kWarn, "listener " + address.display,
                     "accept failures"))
     VMMIPC_LOG_WARN(
         "listener {}: accept failed: {}; retrying in {} ms (this process holds {} connections "
         "waiting for their request and {} watch connections)",
-        address.display, ErrnoText(error), kAcceptBackoffMs, waiting.size(),
+        address.display, ErrnoText(error), kAcceptBackoffMs, admission.waiting.size(),
         context.watchers != nullptr ? context.watchers->count() : 0);
 }
 
@@ -211,30 +214,15 @@ void Listener::Impl::AcceptFailed(int error) noexcept {
 // worker, since their sends may wait on a peer that does not read.
 // The connection is then kept for the importer's next request, where the
 // budget allows (Keep); a worker's closes it (its importer connects again).
-void Listener::Impl::Answer(PendingRequest request) noexcept {
+void ListenerImpl::Answer(PendingRequest request) noexcept {
   ServeReply reply;
   if (!PrepareReply(request, context, &reply)) return;
   if (ReplyFitsOneMessage(reply)) {
     const PeerCredentials peer = request.peer;
-    Keep(SendReplyKeeping(std::move(request), std::move(reply), context), peer);
+    admission.Keep(SendReplyKeeping(std::move(request), std::move(reply), context), peer);
     return;
   }
   workers.Dispatch(ListenerJob{std::move(request), std::move(reply), nullptr});
-}
-
-// A connection whose reply went out whole, kept for its importer's next
-// request within the kept connections' cap and kMaxKeptPerPeer for its peer
-// process; else closed, and the importer's next fetch connects again.
-void Listener::Impl::Keep(ScopedFd fd, const PeerCredentials& peer) noexcept {
-  if (!fd.valid()) return;
-  const size_t of_peer = static_cast<size_t>(std::count_if(
-      kept.begin(), kept.end(), [&](const Connection& c) { return c.peer.pid == peer.pid; }));
-  if (kept.size() >= budget.caps().kept || of_peer >= kMaxKeptPerPeer ||
-      kept.size() == kept.capacity()) {
-    CloseConnection(std::move(fd));
-    return;
-  }
-  kept.push_back(Connection{std::move(fd), peer, Deadline::AfterMs(kKeptIdleMs), true});
 }
 
 }  // namespace vmmipc::transport

@@ -90,7 +90,7 @@ ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
 // The deadline of `connection` passed without a request: drop it (logged, counted).
 void DropSilent(Connection connection, const ServeContext& context) noexcept;
 // `connection` would wait for its request, and its class of connections is
-// at its cap (listener_admission.cc, fd_budget.h): closed at once, without an answer,
+// at its cap (admission.h, fd_budget.h): closed at once, without an answer,
 // logged with `why`, counted as dropped.
 void DropOverCap(Connection connection, const ServeContext& context,
                  const std::string& why) noexcept;

@@ -1,29 +1,30 @@
-// The listener's connection budget: which accepted connections may wait for
-// their request, by class (our uid's, other uids' together, each other
-// uid's), within caps the host's free fds set (fd_budget.h), measured again
-// when a class is full; the newest past a cap is closed at once.
+// The listener's admission (admission.h): which accepted connections may
+// wait for their request, by class, within caps the host's free fds set
+// (fd_budget.h), measured again when a class is full; the newest past a cap
+// is closed at once.
+#include "transport/serve/admission.h"
+
 #include <algorithm>
 
 #include "common/log.h"
 #include "transport/reaper/fd_reaper.h"
-#include "transport/serve/listener_impl.h"
 
 namespace vmmipc::transport {
 
 // A connection that must wait for its request, if its class has room; the
 // newest of a full class is closed at once. Our uid's and other uids' are
 // counted apart, so that another user never takes our importers' room.
-void Listener::Impl::Admit(Connection connection) noexcept {
+void Admission::Admit(Connection connection) noexcept {
   try {
     std::string why = OverCap(connection.peer.uid);
     // Full: perhaps the host has closed fds since the caps were set.
     if (!why.empty() && RefreshBudget()) why = OverCap(connection.peer.uid);
     if (!why.empty()) {
-      DropOverCap(std::move(connection), context, why);
+      DropOverCap(std::move(connection), *context_, why);
       return;
     }
     // Never grows past the capacity reserved at Start: the caps are below it.
-    ++(connection.peer.uid == context.uid ? own_waiting : others_waiting);
+    ++(connection.peer.uid == context_->uid ? own_waiting : others_waiting);
     waiting.push_back(std::move(connection));
   } catch (...) {
     CloseConnection(std::move(connection.fd));
@@ -31,9 +32,9 @@ void Listener::Impl::Admit(Connection connection) noexcept {
 }
 
 // Empty when a connection of `uid` may wait; else why not, for the log line.
-std::string Listener::Impl::OverCap(uint32_t uid) const {
+std::string Admission::OverCap(uint32_t uid) const {
   const ConnectionCaps& caps = budget.caps();
-  if (uid == context.uid) {
+  if (uid == context_->uid) {
     if (own_waiting < caps.own_waiting) return {};
     return fmt::format(
         "{} connections of this uid wait for their request already, the most while {} of "
@@ -51,20 +52,33 @@ std::string Listener::Impl::OverCap(uint32_t uid) const {
   return {};
 }
 
+void Admission::Keep(ScopedFd fd, const PeerCredentials& peer) noexcept {
+  if (!fd.valid()) return;
+  const size_t of_peer = static_cast<size_t>(std::count_if(
+      kept.begin(), kept.end(), [&](const Connection& c) { return c.peer.pid == peer.pid; }));
+  // Never grows past the capacity reserved at Start: the cap is below it.
+  if (kept.size() >= budget.caps().kept || of_peer >= kMaxKeptPerPeer ||
+      kept.size() == kept.capacity()) {
+    CloseConnection(std::move(fd));
+    return;
+  }
+  kept.push_back(Connection{std::move(fd), peer, Deadline::AfterMs(kKeptIdleMs), true});
+}
+
 // The connections the listener holds: waiting, kept and watch connections.
-size_t Listener::Impl::Held() const noexcept {
+size_t Admission::Held() const noexcept {
   return waiting.size() + kept.size() +
-         (context.watchers != nullptr ? context.watchers->count() : 0);
+         (context_->watchers != nullptr ? context_->watchers->count() : 0);
 }
 
-void Listener::Impl::MeasureBudget(bool out_of_fds) noexcept {
+void Admission::MeasureBudget(bool out_of_fds) noexcept {
   budget.Measure(Held(), out_of_fds);
-  watchers.SetMaxWatchers(budget.caps().watchers);
+  watchers_->SetMaxWatchers(budget.caps().watchers);
 }
 
-bool Listener::Impl::RefreshBudget() noexcept {
+bool Admission::RefreshBudget() noexcept {
   if (!budget.Refresh(Held())) return false;
-  watchers.SetMaxWatchers(budget.caps().watchers);
+  watchers_->SetMaxWatchers(budget.caps().watchers);
   return true;
 }
 
