@@ -123,10 +123,11 @@ const char* KindName(mode_t mode) {
 }
 
 // Why the file `st` describes (found at `path`) must not take this process's
-// lines; empty when it may. Only a regular file of our own euid that neither
-// group nor others can write: in a directory others can write, anything else
-// may be theirs to read or to block on (a FIFO), or a way to append to a
-// victim's file (a symbolic link, a file of theirs we are allowed to write).
+// lines; empty when it may. Only a regular file of our own euid, with one
+// name, that neither group nor others can write: in a directory others can
+// write, anything else may be theirs to read or to block on (a FIFO), or a
+// way to append to a victim's file (a symbolic link, a hard link, a file of
+// theirs we are allowed to write).
 std::string Refusal(const struct stat& st, const std::string& path) {
   const unsigned mode = st.st_mode & 07777;
   if (S_ISLNK(st.st_mode)) {
@@ -141,6 +142,14 @@ std::string Refusal(const struct stat& st, const std::string& path) {
   if (st.st_uid != geteuid())
     return fmt::format("it belongs to uid {}, not to this process's uid {} (mode {:04o})",
                        st.st_uid, geteuid(), mode);
+  // A second name of some file: where fs.protected_hardlinks is 0 another
+  // user can link any file they can see at the name, one of ours included
+  // (a shell's profile), and our lines would be appended to it.
+  if (st.st_nlink > 1)
+    return fmt::format(
+        "it has {} links (a hard link: another name of a file that may be any of ours), and hard "
+        "links are not written (mode {:04o})",
+        st.st_nlink, mode);
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
     return fmt::format("it is writable by {} (mode {:04o})",
                        (st.st_mode & S_IWGRP) == 0   ? "others"

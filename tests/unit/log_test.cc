@@ -356,6 +356,22 @@ TEST_F(LogFileTest, ASymbolicLinkIsNotFollowed) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/created"));
 }
 
+// A hard link at the name (where fs.protected_hardlinks is 0, another user
+// can link any file they can see, one of ours included: a shell's profile)
+// would have our lines appended to that file: refused on the fd's link count.
+TEST_F(LogFileTest, AHardLinkIsNotWritten) {
+  const std::string victim = dir_ + "/victim";
+  MakeFile(victim, 0600);
+  const std::string link = dir_ + "/hardlink";
+  ASSERT_EQ(::link(victim.c_str(), link.c_str()), 0);
+  const std::string err = LogTwoLinesTo(link);
+  EXPECT_THAT(err, HasSubstr(Refused(link,
+                                     "it has 2 links (a hard link: another name of a file "
+                                     "that may be any of ours), and hard links are not "
+                                     "written (mode 0600)")));
+  EXPECT_EQ(SizeOf(victim), 0u);
+}
+
 // A file another user owns (and lets us write, or we are root): theirs to
 // read, so not ours to write to.
 TEST_F(LogFileTest, AnotherUsersFileIsNotWritten) {
