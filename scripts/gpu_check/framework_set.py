@@ -291,12 +291,15 @@ def judge_deepep_without(c, out):
 
 
 def judge_deepep_with(c, out):
-    """PASS when the test exited 0 with its RESULT line, else by the exit status; the vmmipc
-    exporting lines and the vmmipc.deepep hook's line."""
+    """PASS when the test exited 0 with its RESULT line; FAIL when it exited 0 without it (it
+    did not run its loop to the end); else by the exit status; the vmmipc exporting lines and
+    the vmmipc.deepep hook's line."""
     hook = out.first(r"deep_ep\.Buffer: .*")[:90] or "no line"
     if out.rc == 0 and out.count(r"^RESULT deepep_intranode"):
         return PASS, ("DeepEP's test_intranode checks passed on 2 ranks; vmmipc exporting lines: "
                       "%d; hook: %s" % (out.count(EXPORTING), hook))
+    if out.rc == 0:
+        return FAIL, "exited 0 without its RESULT line (deepep-vmmipc.log); hook: %s" % hook
     return status_result(out.rc), "exit %d (deepep-vmmipc.log); hook: %s" % (out.rc, hook)
 
 

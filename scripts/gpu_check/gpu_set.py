@@ -181,10 +181,12 @@ def judge_configure(c, out):
 
 
 def judge_build(c, out):
-    """By the build's exit status; the detail says whether the library and the cudart client
-    were built (the build keeps going past a broken target)."""
+    """By the build's exit status, and FAIL without libvmmipc.so whatever the status (a build
+    that exits 0 without it built nothing this check is about); the detail says whether the
+    library and the cudart client were built (the build keeps going past a broken target)."""
     built = lambda path, test: "built" if test(c.path(path)) else "MISSING"
-    return status_result(out.rc), "exit %d; libvmmipc.so: %s, cudart_ipc_client: %s" % (
+    result = status_result(out.rc) if os.path.isfile(c.lib) else FAIL
+    return result, "exit %d; libvmmipc.so: %s, cudart_ipc_client: %s" % (
         out.rc, built(c.lib, os.path.isfile),
         built("{build_dir}/tests/gpu/cudart_ipc_client", lambda p: os.access(p, os.X_OK)))
 

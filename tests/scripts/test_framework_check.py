@@ -88,7 +88,8 @@ elif script == "deepep_intranode.py":
         sys.exit(1)
     print("[vmmipc pid 8 rank 0] info: deep_ep.Buffer: use_fabric is False already; "
           "vmmipc.deepep passes every argument through unchanged")
-    print("RESULT deepep_intranode: every rank's test_loop returned")
+    if os.environ.get("FAKE_DEEPEP_NO_RESULT") != "1":
+        print("RESULT deepep_intranode: every rank's test_loop returned")
 elif script == "deepep_build.py":
     if os.environ.get("FAKE_DEEPEP_BUILD_FAIL") == "1":
         print("ERROR built, but deep_ep does not import from /fake/DeepEP")
@@ -174,6 +175,14 @@ class FrameworkCheckTest(unittest.TestCase):
         self.assertIn("deep_ep.cpp:98 'invalid argument'", rows["deepep without vmmipc"][1])
         self.assertEqual(rows["deepep with vmmipc"][0], "PASS")
         self.assertIn("use_fabric is False already", rows["deepep with vmmipc"][1])
+
+    def test_deepep_exiting_0_without_its_result_line_fails(self):
+        # Exit 0 is not a pass: a test that returned early (or never ran its
+        # loop) prints no RESULT line (issue 36 item 6).
+        result, _, rows = self.check({"FAKE_DEEPEP_NO_RESULT": "1"})
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(rows["deepep with vmmipc"][0], "FAIL")
+        self.assertIn("exited 0 without its RESULT line", rows["deepep with vmmipc"][1])
 
     def test_a_failure_not_reproduced_without_vmmipc_fails_the_check(self):
         result, _, rows = self.check({"FAKE_NO_FAILURE": "1"})
