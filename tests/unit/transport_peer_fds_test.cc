@@ -8,9 +8,11 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -58,6 +60,41 @@ TEST(PeerFds, MemoryKindsPassAndSocketsPipesDirectoriesTerminalsDoNot) {
   if (terminal.valid()) {
     EXPECT_FALSE(Memory(terminal.get()));
   }
+}
+
+// A regular file of a filesystem that is not memory (FUSE's, NFS's: their
+// every close may flush and wait for ever) is no device memory; the stand-in
+// here is a file of /proc, a regular file of a filesystem the test controls
+// no more than a FUSE mount's, but whose kind is certain (issue 36 item 1).
+TEST(PeerFds, ARegularFileOfAnotherFilesystemThanMemoryIsRefused) {
+  ScopedFd proc_file(open("/proc/self/status", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(proc_file.valid());
+  std::string why;
+  EXPECT_FALSE(IsMemoryFdKind(proc_file.get(), &why));
+  EXPECT_NE(why.find("a regular file of a filesystem of type 0x9fa0, not memory"),
+            std::string::npos)
+      << why;
+}
+
+// What is refused and may wait on every close is not even handed to the
+// reaper (the hand-over closes this table's copy, which would be the close
+// that waits): it stays open, never closed here.
+TEST(PeerFds, ARefusedFileWhoseEveryCloseMayWaitIsKeptOpenNotClosed) {
+  std::vector<ScopedFd> fds;
+  fds.emplace_back(open("/proc/self/status", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(fds[0].valid());
+  const int number = fds[0].get();
+  struct stat before {};
+  ASSERT_EQ(fstat(number, &before), 0);
+  const size_t kept = ReaperKeptForTesting();
+  HandToReaper(&fds);
+  EXPECT_TRUE(fds.empty());
+  struct stat after {};
+  ASSERT_EQ(fstat(number, &after), 0) << "closed on this thread";
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(ReaperKeptForTesting(), kept + 1);
+  std::printf("bound: %zu fds kept open for the process's life (at most %zu with the overflow)\n",
+              ReaperKeptForTesting(), kMaxKeptOpen);
 }
 
 // A fake exporter on fake pid `pid`'s name that grants, with a genuine MAC,

@@ -141,8 +141,18 @@ std::string NoListenerReasons(const Fetch& fetch) {
                      fetch.request.handle.exporter_pid, where, user);
 }
 
-// The name of the handle's exporter: its instance (a version 2 handle: its pid).
+// The name of the handle's exporter: its instance (a version 2 handle: its
+// pid); first of all, whether the reaper can take what this fetch may be sent.
 Ended Address(Fetch& fetch) {
+  // The reaper's threads are stuck and what it is handed now stays open in
+  // this table (fd_reaper.h): a peer's answer could add more. Refused at
+  // once, until they come back; a warm connection's answer too.
+  if (!ReaperTakesMore()) {
+    return Fail(FetchStatus::kNoResources,
+                "the fd reaper takes no more (its threads are stuck in closes that do not "
+                "return, a peer's FUSE file or terminal); refusing to take a peer's fds until "
+                "they come back");
+  }
   std::string error;
   const FetchRequest& request = fetch.request;
   const SocketOwner owner = request.exporter_instance != 0

@@ -1,4 +1,5 @@
-// The kind check of a peer's fds (fstat, F_GETFL, isatty) and their hand-over to the reaper.
+// The kind check of a peer's fds (fstat, fstatfs, F_GETFL, isatty) and their
+// hand-over to the reaper.
 #include "transport/client/peer_fds.h"
 
 #include <fcntl.h>
@@ -9,10 +10,10 @@
 #include <cerrno>
 
 #include "common/syscall.h"
+#include "transport/reaper/fd_kind.h"
 #include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
-
 bool IsMemoryFdKind(int fd, std::string* why) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -25,7 +26,13 @@ bool IsMemoryFdKind(int fd, std::string* why) {
     return false;
   }
   switch (st.st_mode & S_IFMT) {
-    case S_IFREG:
+    case S_IFREG: {
+      // Not FUSE's or NFS's: their close may flush, and wait for ever.
+      long type = 0;
+      if (OnMemoryFilesystem(fd, &type)) return true;
+      *why = fmt::format("a regular file of a filesystem of type {:#x}, not memory", type);
+      return false;
+    }
     case 0:  // an anonymous inode carries no file type
       return true;
     case S_IFCHR:
@@ -63,7 +70,16 @@ bool AllMemoryFdKinds(const std::vector<ScopedFd>& fds, std::string* why) {
 }
 
 void HandToReaper(std::vector<ScopedFd>* fds) noexcept {
-  for (ScopedFd& fd : *fds) CloseInBackground(std::move(fd));
+  for (ScopedFd& fd : *fds) {
+    if (!fd.valid()) continue;
+    // The hand-over closes the host's copy here: for such a file that close
+    // is the one that waits.
+    if (EveryCloseMayWait(fd.get())) {
+      KeepOpen(std::move(fd));
+    } else {
+      CloseInBackground(std::move(fd));
+    }
+  }
   fds->clear();
 }
 

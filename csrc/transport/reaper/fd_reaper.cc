@@ -12,12 +12,14 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
 #include "transport/reaper/fd_disposal.h"
+#include "transport/reaper/fd_kind.h"
 #include "transport/reaper/private_fd_table.h"
 #include "transport/socket_io.h"
 
@@ -31,11 +33,6 @@
 
 namespace vmmipc::transport {
 namespace {
-
-// Busy threads are those in a disposal that may block; one more is kept idle
-// while fewer than this many run, so that one close that does not return
-// holds up nothing else. Past it, fds wait in the inbox's queue.
-constexpr size_t kMaxReaperThreads = 4;
 
 struct Reaper {
   std::mutex mutex;        // guards the fields below that say so
@@ -52,7 +49,16 @@ struct Reaper {
   std::atomic<size_t> threads{0};
   std::atomic<size_t> idle{0};
   std::atomic<size_t> pending{0};
-  std::atomic<bool> overflow_warned{false};
+  // Guarded by mutex: fds kept open in the host's table, never closed here.
+  // `overflow`: handed over while the inbox was full, offered to it again
+  // at later hand-overs; `forever`: KeepOpen's, never closed by anyone.
+  // Room for kMaxKeptOpen of each is reserved when the reaper is made, so
+  // that keeping one does not allocate.
+  std::vector<int> overflow;
+  std::vector<int> forever;
+  size_t lost = 0;                // guarded by mutex: fds past even that, left open uncounted there
+  bool keep_warned = false;       // guarded by mutex
+  bool saturated_warned = false;  // guarded by mutex
 };
 
 std::atomic<DisposalHook> g_disposal_hook{nullptr};
@@ -67,7 +73,10 @@ Reaper& Get() {
   std::lock_guard lock(g_create_mutex);
   reaper = g_reaper.load(std::memory_order_relaxed);
   if (reaper == nullptr) {
-    reaper = new Reaper();
+    auto made = std::make_unique<Reaper>();
+    made->overflow.reserve(kMaxKeptOpen);
+    made->forever.reserve(kMaxKeptOpen);
+    reaper = made.release();
     g_reaper.store(reaper, std::memory_order_release);
   }
   return *reaper;
@@ -266,50 +275,164 @@ bool SendToInbox(int inbox, int fd, int host_fd) {
   return io.ok();
 }
 
+// Under reaper.mutex. How many fds may wait in the inbox: in the host's
+// table each of them is one of the host's fds.
+size_t InboxLimitLocked(const Reaper& reaper) {
+  return reaper.table.load() == ReaperTable::kShared ? kMaxInboxWaitingShared : kMaxInboxWaiting;
+}
+
+size_t KeptLocked(const Reaper& reaper) {
+  return reaper.overflow.size() + reaper.forever.size() + reaper.lost;
+}
+
+// Under reaper.mutex, the reaper started. Into the inbox if it has room:
+// false (and `fd` still ours) when every thread is stuck and kMaxInboxWaiting
+// fds wait already, or the kernel refuses more.
+bool SendLocked(Reaper& reaper, ScopedFd& fd) {
+  if (reaper.pending.load() >= InboxLimitLocked(reaper)) return false;
+  const bool private_table = reaper.table.load() != ReaperTable::kShared;
+  reaper.pending.fetch_add(1);
+  // Private table: the thread switches a socket's lingering off before
+  // anything is closed for good, so our close may come before or after its
+  // own, and is never the last (the inbox holds a reference). Host's table:
+  // nothing is switched off, so our copy stays open and the thread closes it
+  // after its own, being then the last.
+  if (!SendToInbox(reaper.inbox_send, fd.get(), private_table ? -1 : fd.get())) {
+    reaper.pending.fetch_sub(1);
+    return false;
+  }
+  if (private_table) {
+    fd.Reset();
+  } else {
+    (void)fd.Release();
+  }
+  return true;
+}
+
+// Under reaper.mutex. Kept open in the host's table instead of closed on
+// this thread, where its close might wait (a peer's lingering socket queued
+// on the connection). Never allocates within kMaxKeptOpen (reserved); past it
+// (the importer and the listener have stopped taking peers' fds by then, so
+// only what was already in flight comes), kept as long as memory lasts.
+void KeepLocked(Reaper& reaper, ScopedFd fd, bool forever) {
+  // A close that cannot wait on anyone (a memfd, a pipe, the driver's
+  // device) is made here rather than kept: out of fds, where the reaper
+  // could not even start, the fds of a failed fetch go at once.
+  if (!forever && CloseNeverWaits(fd.get())) {
+    fd.Reset();
+    return;
+  }
+  std::vector<int>& list = forever ? reaper.forever : reaper.overflow;
+  try {
+    list.push_back(fd.get());
+  } catch (...) {
+    ++reaper.lost;  // no memory even for its number: left open all the same
+  }
+  (void)fd.Release();
+  if (!reaper.keep_warned) {
+    reaper.keep_warned = true;
+    if (forever) {
+      VMMIPC_LOG_WARN(
+          "fd reaper: keeping a peer's fd open for the process's life: its every close may wait "
+          "(a FUSE or NFS file); at most {} such fds and overflow together, then peers' fds "
+          "are refused",
+          kMaxKeptOpen);
+    } else {
+      VMMIPC_LOG_WARN(
+          "fd reaper: its {} threads are stuck in disposals that do not return (a peer's fd "
+          "whose close waits: a FUSE file whose daemon does not answer, a terminal) and {} fds "
+          "wait in its inbox; keeping what comes now open instead of closing it on this thread "
+          "(at most {}), and refusing fetches meanwhile",
+          reaper.threads.load(), reaper.pending.load(), kMaxKeptOpen);
+    }
+  }
+  if (KeptLocked(reaper) >= kMaxKeptOpen && !reaper.saturated_warned) {
+    reaper.saturated_warned = true;
+    VMMIPC_LOG_WARN(
+        "fd reaper: {} fds are kept open, the most; the importer refuses fetches and the "
+        "listener stops accepting until the reaper's threads take them",
+        KeptLocked(reaper));
+  }
+}
+
+// Under reaper.mutex, the reaper started: what the inbox had no room for,
+// offered to it again in order while it has room now.
+void OfferKeptLocked(Reaper& reaper) {
+  size_t sent = 0;
+  while (sent < reaper.overflow.size()) {
+    ScopedFd fd(reaper.overflow[sent]);
+    if (!SendLocked(reaper, fd)) {
+      (void)fd.Release();
+      break;
+    }
+    ++sent;
+  }
+  reaper.overflow.erase(reaper.overflow.begin(),
+                        reaper.overflow.begin() + static_cast<ptrdiff_t>(sent));
+}
+
 }  // namespace
 
 void CloseInBackground(ScopedFd fd) noexcept {
   if (!fd.valid()) return;
+  Reaper* reaper = nullptr;
   try {
-    Reaper& reaper = Get();
-    int inbox = -1;
-    bool private_table = true;
-    {
-      std::lock_guard lock(reaper.mutex);
-      if (!StartLocked(reaper)) {
-        fd.Reset();
-        return;
-      }
-      ReplaceFailedPrivateThreadLocked(reaper);
-      CloseHostCopyOfInboxLocked(reaper);
-      inbox = reaper.inbox_send;
-      private_table = reaper.table.load() != ReaperTable::kShared;
-    }
-    reaper.pending.fetch_add(1);
-    // Private table: the thread switches a socket's lingering off before
-    // anything is closed for good, so our close may come before or after its
-    // own. Host's table: nothing is switched off, so our copy stays open and
-    // the thread closes it after its own, being then the last.
-    if (SendToInbox(inbox, fd.get(), private_table ? -1 : fd.get())) {
-      if (private_table) {
-        fd.Reset();
-      } else {
-        (void)fd.Release();
-      }
-      return;
-    }
-    const int error = errno;
-    reaper.pending.fetch_sub(1);
-    if (!reaper.overflow_warned.exchange(true)) {
-      VMMIPC_LOG_WARN(
-          "fd reaper: {} fds wait for disposals that do not return ({} threads), and its inbox "
-          "is full ({}); closing on the caller's thread from now on when it is",
-          reaper.pending.load(), reaper.threads.load(), ErrnoText(error));
-    }
+    reaper = &Get();
   } catch (...) {
-    // Out of memory for the reaper: fall through to the inline close.
+    // No memory for the reaper itself: left open rather than closed here,
+    // unless its close cannot wait.
+    if (CloseNeverWaits(fd.get())) fd.Reset();
+    (void)fd.Release();
+    return;
   }
-  fd.Reset();
+  std::lock_guard lock(reaper->mutex);
+  bool started = false;
+  try {
+    started = StartLocked(*reaper);
+  } catch (...) {
+  }
+  if (!started) {
+    // No thread to take it (no socketpair, no thread): never a close here.
+    KeepLocked(*reaper, std::move(fd), false);
+    return;
+  }
+  ReplaceFailedPrivateThreadLocked(*reaper);
+  CloseHostCopyOfInboxLocked(*reaper);
+  OfferKeptLocked(*reaper);
+  // Behind what waits already, so that the kept go first.
+  if (!reaper->overflow.empty() || !SendLocked(*reaper, fd)) {
+    KeepLocked(*reaper, std::move(fd), false);
+  }
+}
+
+void KeepOpen(ScopedFd fd) noexcept {
+  if (!fd.valid()) return;
+  Reaper* reaper = nullptr;
+  try {
+    reaper = &Get();
+  } catch (...) {
+    (void)fd.Release();
+    return;
+  }
+  std::lock_guard lock(reaper->mutex);
+  KeepLocked(*reaper, std::move(fd), true);
+}
+
+bool ReaperCanKeepMore() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  if (reaper == nullptr) return true;
+  std::lock_guard lock(reaper->mutex);
+  if (reaper->started) OfferKeptLocked(*reaper);
+  return KeptLocked(*reaper) < kMaxKeptOpen;
+}
+
+bool ReaperTakesMore() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  if (reaper == nullptr) return true;
+  std::lock_guard lock(reaper->mutex);
+  if (reaper->started) OfferKeptLocked(*reaper);
+  return KeptLocked(*reaper) < kMaxKeptOpen &&
+         (!reaper->started || reaper->pending.load() < InboxLimitLocked(*reaper));
 }
 
 bool CloseConnection(ScopedFd connection) {
@@ -334,6 +457,8 @@ bool CloseConnection(ScopedFd connection) {
 
 void ResetReaperAfterFork() noexcept {
   Reaper* reaper = g_reaper.load(std::memory_order_relaxed);
+  // The fds kept open stay open in the child too (CLOEXEC: gone at its
+  // exec): a close of one here might wait as it would in the parent.
   if (reaper != nullptr) {
     // The child's copies of the inbox: its parent's threads hold theirs,
     // so these closes are never the last.
@@ -353,6 +478,13 @@ ReaperTable ReaperTableInUse() noexcept {
 size_t ReaperPendingForTesting() noexcept {
   Reaper* reaper = g_reaper.load(std::memory_order_acquire);
   return reaper == nullptr ? 0 : reaper->pending.load();
+}
+
+size_t ReaperKeptForTesting() noexcept {
+  Reaper* reaper = g_reaper.load(std::memory_order_acquire);
+  if (reaper == nullptr) return 0;
+  std::lock_guard lock(reaper->mutex);
+  return KeptLocked(*reaper);
 }
 
 size_t ReaperThreadsForTesting() noexcept {

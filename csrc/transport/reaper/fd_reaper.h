@@ -11,11 +11,20 @@
 // use, never at load, every signal blocked; one kept idle beside the busy ones,
 // at most kMaxReaperThreads) take the fds out and dispose of them
 // (fd_disposal.h): in a private fd table when the kernel lets us make one, so
-// that what a peer queued can be taken apart (sockets' lingering switched off)
-// without its fds ever entering the host's table, and without a close there
-// dropping the host's POSIX locks; else in the host's table, as plain closes,
-// where the sender's copy stays open for the thread to close last.
-// docs/security.md has the budget this gives.
+// that what a peer queued can be taken apart (sockets' lingering switched
+// off) without its fds ever entering the host's table, and without a close
+// there dropping the host's POSIX locks; else in the host's table, as plain
+// closes, where the sender's copy stays open for the thread to close last.
+//
+// Nothing here ever closes on the caller's thread. A disposal may still not
+// return (a peer's FUSE file whose daemon never answers FLUSH: every close of
+// it waits, not only the last): such a thread is lost for the process's life,
+// and at most kMaxReaperThreads are. While they are all stuck, at most
+// kMaxInboxWaiting fds wait in the inbox; past that an fd handed over is kept
+// open in the host's table instead (offered again once there is room), at
+// most kMaxKeptOpen of them, with one warning; and ReaperTakesMore() says no,
+// so that the importer refuses new fetches and the listener stops accepting
+// rather than take more of a peer's fds. docs/security.md has the budget.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +33,37 @@
 
 namespace vmmipc::transport {
 
-// Takes ownership of `fd` and closes it in the background.
+// Threads that dispose of fds, at most: each stuck one is lost for good.
+inline constexpr size_t kMaxReaperThreads = 4;
+// Fds waiting in the inbox for a thread, at most: in the reaper's private
+// table they cost the host nothing but kernel memory (the inbox's queue, at
+// most 8 MiB); in the host's table each is one of the host's fds.
+inline constexpr size_t kMaxInboxWaiting = 1024;
+inline constexpr size_t kMaxInboxWaitingShared = 64;
+// Fds kept open in the host's table rather than closed: what the inbox had
+// no room for, and what must never be closed (KeepOpen), together.
+inline constexpr size_t kMaxKeptOpen = 64;
+
+// Takes ownership of `fd` and closes it in the background; never on this
+// thread: without room in the inbox it is kept open (KeepOpen's budget) and
+// offered to the reaper again at a later hand-over.
 void CloseInBackground(ScopedFd fd) noexcept;
+
+// Takes ownership of `fd`, a peer's fd that is in the host's table and whose
+// every close may wait (a regular file of FUSE or NFS: its flush), so that no
+// thread of the host's table may close it: kept open until the process
+// exits, never closed by vmmipc, counted against kMaxKeptOpen.
+void KeepOpen(ScopedFd fd) noexcept;
+
+// False once kMaxKeptOpen fds are kept: the listener then stops accepting
+// (a connection may carry a peer's fds, on kernels without SO_PASSRIGHTS).
+bool ReaperCanKeepMore() noexcept;
+
+// False while what is handed over would be kept rather than disposed of (the
+// inbox is full: every thread stuck) or kMaxKeptOpen fds are kept already:
+// then nothing more of a peer's should be taken. Offers the kept fds to the
+// inbox again first, when it has room.
+bool ReaperTakesMore() noexcept;
 
 // Closes a connection whose peer may have queued fds we never received:
 // shuts it down, and when something is still queued, hands it to the reaper
@@ -48,6 +86,8 @@ ReaperTable ReaperTableInUse() noexcept;
 
 // Fds handed over so far and not yet disposed of (tests).
 size_t ReaperPendingForTesting() noexcept;
+// Fds kept open in the host's table now (tests).
+size_t ReaperKeptForTesting() noexcept;
 // Fds the reaper keeps in the host's table from its first use on: its
 // inbox's sending end (1), and the receiving end too where its threads run in
 // the host's table (2); 0 before the first use (tests' leak checks).

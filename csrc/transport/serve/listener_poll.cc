@@ -155,6 +155,13 @@ void ListenerImpl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noe
 // that went away between poll and accept must not park the thread where
 // Stop() cannot reach it.
 void ListenerImpl::AcceptQueued() noexcept {
+  // The reaper keeps open what it cannot take, and has kept the most
+  // (fd_reaper.h): a connection may carry a peer's fds (before Linux 6.16),
+  // so none is taken until it takes again; they wait in the backlog.
+  if (!ReaperCanKeepMore()) {
+    admission.accept_resume = Deadline::AfterMs(kAcceptBackoffMs);
+    return;
+  }
   for (int i = 0; i < kAcceptsPerTurn; ++i) {
     const int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
