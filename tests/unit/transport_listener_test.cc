@@ -16,9 +16,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -155,6 +157,37 @@ TEST_F(TransportListener, AListenerWithAnInstanceIsReachedByItOnly) {
   FetchRequest other = Request(pid);
   other.exporter_instance = instance + 1;
   EXPECT_EQ(FetchChunks(other, Client()).status, FetchStatus::kNoExporter);
+}
+
+// max_workers below 1 (issue 36 item 6): before, 0 started no worker and a
+// posted task or a long reply waited for ever, and a negative count read as
+// unbounded; now either is one worker, with one warning.
+TEST_F(TransportListener, AWorkerCountBelowOneIsOneWorker) {
+  for (const int workers : {0, -3}) {
+    ListenerOptions options = Options(FakePid());
+    options.max_workers = workers;
+    auto listener = MustStart(options, ChunksHandler(300));
+    ASSERT_NE(listener, nullptr);
+    std::mutex mutex;
+    std::condition_variable ran_changed;
+    bool ran = false;
+    listener->Post([&] {
+      std::lock_guard lock(mutex);
+      ran = true;
+      ran_changed.notify_all();
+    });
+    {
+      std::unique_lock lock(mutex);
+      EXPECT_TRUE(ran_changed.wait_for(lock, std::chrono::seconds(5), [&] { return ran; }))
+          << "max_workers " << workers << ": the posted task never ran";
+    }
+    // A reply of two messages goes to a worker too.
+    const FetchResult result = FetchChunks(Request(options.pid), Client(2000));
+    EXPECT_EQ(result.status, FetchStatus::kOk)
+        << "max_workers " << workers << ": " << result.detail;
+    EXPECT_EQ(result.chunks.size(), 300u);
+  }
+  ExpectNoFdLeak();
 }
 
 TEST_F(TransportListener, FetchOneChunkSharesMemory) {

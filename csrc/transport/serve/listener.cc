@@ -36,7 +36,13 @@ bool ListenerImpl::StartServing(std::string* error) {
   context.events = options.events;
   context.watchers = options.keep_watchers ? &watchers : nullptr;
   watchers.SetResumeFdSource(options.resume_fd);
-  workers.Configure(&context, options.max_workers);
+  // At least one worker: with none, a posted task or a long reply would
+  // wait for ever; a negative count would read as no bound at all.
+  if (options.max_workers < 1) {
+    VMMIPC_LOG_WARN("listener {}: max_workers {} is not a worker count; using 1 worker",
+                    address.display, options.max_workers);
+  }
+  workers.Configure(&context, std::max(options.max_workers, 1));
   // Room for every connection the caps let wait, so that the poll thread
   // never allocates for one.
   admission.waiting.reserve(kMaxOwnWaiting + kMaxOthersWaiting);

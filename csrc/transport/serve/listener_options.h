@@ -21,7 +21,7 @@ struct ListenerOptions {
   uint32_t instance = 0;
   std::string socket_dir;      // empty: abstract socket
   Timeout timeout;             // per connection: receive, send
-  int max_workers = 4;         // worker threads (at least 1), started as needed
+  int max_workers = 4;         // worker threads, started as needed; below 1: 1, with a warning
   bool keep_watchers = false;  // keep the connections of requests that ask to watch
   ResumeFdSource resume_fd;    // with keep_watchers: fds for a lagging follower's catch-up
   ListenerEvents events;
