@@ -5,8 +5,13 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
 
 #include "common/scoped_fd.h"
 
@@ -39,6 +44,46 @@ inline long ElapsedMs(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                start)
       .count();
+}
+
+// Whether every thread of this process but the caller sleeps (S) or is
+// stopped (T): none is between two syscalls that open and close an fd.
+inline bool OtherThreadsAsleep() {
+  const std::string self = std::to_string(static_cast<long>(::gettid()));
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return false;
+  bool asleep = true;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.' || self == entry->d_name) continue;
+    std::ifstream stat(std::string("/proc/self/task/") + entry->d_name + "/stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)),
+                           std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= text.size()) continue;  // it ended
+    const char state = text[paren + 2];
+    asleep = asleep && (state == 'S' || state == 'T');
+  }
+  closedir(dir);
+  return asleep;
+}
+
+// This process's fds counted at rest (issue 36 item 7): every other thread
+// asleep and `quiet()` true (nothing in flight, such as the reaper's queue),
+// twice with the same count between; waits at most `bound_ms`, then fails
+// the test and returns -1. A count taken while a thread of the library is
+// between an open and a close flakes on a loaded machine.
+inline int RestingFdCount(const std::function<bool()>& quiet = nullptr, int bound_ms = 10000) {
+  const auto start = std::chrono::steady_clock::now();
+  while (ElapsedMs(start) < bound_ms) {
+    const int fds = FdCount();
+    if (OtherThreadsAsleep() && (!quiet || quiet())) {
+      usleep(2000);
+      if (FdCount() == fds && OtherThreadsAsleep() && (!quiet || quiet())) return fds;
+    }
+    usleep(2000);
+  }
+  ADD_FAILURE() << "this process did not come to rest in " << bound_ms << " ms";
+  return -1;
 }
 
 // Two connected SOCK_SEQPACKET Unix sockets (the transport's kind), CLOEXEC.

@@ -136,7 +136,7 @@ TEST(ReaperWedged, ASquattersFloodCostsABoundedCountAndNeverACloseOnTheImporters
   ASSERT_NO_FATAL_FAILURE(StartSquatter(&squatter));
   ClientOptions client;
   client.timeout_ms = 2000;
-  const int fds_before = FdCount();
+  const int fds_before = testing::RestingFdCount();
   // Opens until the reaper stops taking (refused at once), or, where
   // nothing refuses, until its inbox is full (the count stops growing).
   constexpr int kMaxOpens = 40000;
@@ -210,7 +210,7 @@ TEST(ReaperWedged, PastAFullInboxWhatIsHandedOverIsKeptOpenNotClosedHere) {
   // A lingering socket, handed over last: its close here would wait kLingerS.
   ScopedFd keep_listener, keep_server;
   ScopedFd lingering = testing::LingeringSocket(kLingerS, &keep_listener, &keep_server);
-  const int fds_before = FdCount();
+  const int fds_before = testing::RestingFdCount();
   // Ten more, whose peers the test keeps: a close here shows as a hang-up.
   constexpr int kMore = 10;
   std::vector<ScopedFd> peers;
