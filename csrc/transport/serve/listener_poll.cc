@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 
 #include "common/log.h"
@@ -39,37 +40,58 @@ constinit log::LineLimit g_accept_lines(3, 60000);
 }  // namespace
 
 void ListenerImpl::Run() noexcept {
+  // The stop fd and the listening socket first, always there: room for
+  // them, and for every fd the caps let the loop poll, is made here once, so
+  // that the loop does not allocate for its poll set.
+  std::array<pollfd, 2> fixed{};
   std::vector<pollfd> pfds;
+  try {
+    pfds.reserve(2 + kMaxOwnWaiting + kMaxOthersWaiting + kMaxKeptConnections +
+                 kMaxWatchConnections);
+  } catch (...) {
+    // Each turn tries again below.
+  }
   while (true) {
-    pfds.clear();
     const bool accepting = admission.accept_resume.Expired();
-    pfds.push_back({stop_fd.get(), POLLIN, 0});
-    pfds.push_back({accepting ? listen_fd.get() : -1, POLLIN, 0});
+    fixed[0] = {stop_fd.get(), POLLIN, 0};
+    fixed[1] = {accepting ? listen_fd.get() : -1, POLLIN, 0};
     int sleep_ms =
         accepting ? kPollPeriodMs : std::min(kPollPeriodMs, admission.accept_resume.RemainingMs());
-    for (const Connection& c : admission.waiting) {
-      pfds.push_back({c.fd.get(), POLLIN, 0});
+    for (const Connection& c : admission.waiting)
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
-    }
-    // The kept connections after them (their idle bound is long: the poll
-    // period's wake-ups are enough to see it pass).
-    const size_t kept_fds = pfds.size();
-    for (const Connection& c : admission.kept) pfds.push_back({c.fd.get(), POLLIN, 0});
-    // After the waiting and kept connections (their indexes above stay): every watch
+    // After the waiting connections the kept ones, then (their indexes
+    // stay) every watch
     // connection, for its hang-up, and lagging followers, whose answers and
     // room bring Maintain back at once.
-    const size_t watch_fds = pfds.size();
-    if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
-    const int n = ::poll(pfds.data(), pfds.size(), sleep_ms);
+    size_t kept_fds = 0;
+    size_t watch_fds = 0;
+    bool complete = true;
+    try {
+      pfds.assign(fixed.begin(), fixed.end());
+      for (const Connection& c : admission.waiting) pfds.push_back({c.fd.get(), POLLIN, 0});
+      kept_fds = pfds.size();
+      for (const Connection& c : admission.kept) pfds.push_back({c.fd.get(), POLLIN, 0});
+      watch_fds = pfds.size();
+      if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
+    } catch (...) {
+      // No memory for the poll set (a noexcept thread: a throw would end
+      // the process): this turn waits on the stop fd and the listening
+      // socket only, and drops what is past its deadline; the next tries
+      // again, a poll period at most later.
+      complete = false;
+    }
+    pollfd* set = complete ? pfds.data() : fixed.data();
+    const size_t count = complete ? pfds.size() : fixed.size();
+    const int n = ::poll(set, count, sleep_ms);
     if (n < 0 && errno != EINTR) {
       VMMIPC_LOG_ERROR("listener {}: poll failed: {}; stopping", address.display, ErrnoText(errno));
       break;
     }
-    if (pfds[0].revents != 0) break;
+    if (set[0].revents != 0) break;
     // Watch connections that hung up go; lagging followers that answer again
     // get what they missed (watchers.h); at least once a poll period,
     // without waiting on anyone.
-    if (context.watchers != nullptr) {
+    if (context.watchers != nullptr && complete) {
       context.watchers->Maintain(std::span<const pollfd>(pfds).subspan(watch_fds));
       // Full: perhaps the host has closed fds since the cap was set.
       if (context.watchers->count() >= admission.budget.caps().watchers) admission.RefreshBudget();
@@ -77,10 +99,12 @@ void ListenerImpl::Run() noexcept {
     // Requests first (their peers are waiting), then the deadlines, then new
     // peers. The kept connections' first: those are our importers' next
     // opens, and a request read from them may bring a connection back to kept.
-    const size_t kept_count = admission.kept.size();
-    ReadKept(std::span<const pollfd>(pfds).subspan(kept_fds, kept_count), n > 0);
-    ReadWaiting(pfds, n > 0);
-    if (n > 0 && accepting && pfds[1].revents != 0) AcceptQueued();
+    const std::span<const pollfd> kept_polled =
+        complete ? std::span<const pollfd>(pfds).subspan(kept_fds, admission.kept.size())
+                 : std::span<const pollfd>();
+    ReadKept(kept_polled, n > 0 && complete);
+    ReadWaiting(pfds, n > 0 && complete);
+    if (n > 0 && accepting && set[1].revents != 0) AcceptQueued();
   }
   for (Connection& c : admission.waiting) CloseConnection(std::move(c.fd));
   admission.waiting.clear();
