@@ -172,10 +172,14 @@ TEST(ReaperWedged, ASquattersFloodCostsABoundedCountAndNeverACloseOnTheImporters
   EXPECT_LT(last_ms, 1000) << "closed on the importer's thread: " << last.detail;
   EXPECT_EQ(last.status, FetchStatus::kNoResources) << last.detail;
   EXPECT_GT(refused, 0);
+  // Where the threads run in the host's table (ThreadSanitizer builds, old
+  // kernels) what waits in the inbox is the host's fds, and fewer may.
+  const bool shared = ReaperTableInUse() == ReaperTable::kShared;
+  const size_t inbox = shared ? kMaxInboxWaitingShared : kMaxInboxWaiting;
   EXPECT_LE(ReaperThreadsForTesting(), kMaxReaperThreads);
-  EXPECT_LE(ReaperPendingForTesting(), kMaxInboxWaiting + kMaxReaperThreads);
+  EXPECT_LE(ReaperPendingForTesting(), inbox);
   EXPECT_LE(ReaperKeptForTesting(), kMaxKeptOpen);
-  EXPECT_LE(max_fds, fds_before + static_cast<int>(kMaxKeptOpen));
+  EXPECT_LE(max_fds, fds_before + static_cast<int>(kMaxKeptOpen + (shared ? inbox + 1 : 0)) + 1);
   // The threads come back: everything goes, and opens are tried again.
   Release();
   const auto drained = Clock::now();
@@ -196,16 +200,22 @@ TEST(ReaperWedged, ASquattersFloodCostsABoundedCountAndNeverACloseOnTheImporters
 // inbox again once the threads come back.
 TEST(ReaperWedged, PastAFullInboxWhatIsHandedOverIsKeptOpenNotClosedHere) {
   SetDisposalHookForTesting(HoldEveryDisposal);
+  // Until the inbox is full: kMaxInboxWaiting, or kMaxInboxWaitingShared
+  // where the threads run in the host's table.
+  size_t inbox = 0;
   for (size_t i = 0; i < kMaxInboxWaiting; ++i) {
     testing::SocketPair pair = testing::SeqpacketPair();
     CloseInBackground(std::move(pair.b));
+    if (ReaperPendingForTesting() == inbox) break;  // kept: full
+    inbox = ReaperPendingForTesting();
   }
   {
     std::unique_lock lock(g_mutex);
     ASSERT_TRUE(g_changed.wait_for(lock, std::chrono::milliseconds(kBoundMs),
                                    [] { return g_holding == kMaxReaperThreads; }));
   }
-  ASSERT_EQ(ReaperPendingForTesting(), kMaxInboxWaiting);
+  const bool shared = ReaperTableInUse() == ReaperTable::kShared;
+  ASSERT_EQ(inbox, shared ? kMaxInboxWaitingShared : kMaxInboxWaiting);
   EXPECT_FALSE(ReaperTakesMore());
   // A lingering socket, handed over last: its close here would wait kLingerS.
   ScopedFd keep_listener, keep_server;
@@ -236,7 +246,7 @@ TEST(ReaperWedged, PastAFullInboxWhatIsHandedOverIsKeptOpenNotClosedHere) {
       kMore, fds_before, fds_kept, handed_ms);
   EXPECT_EQ(hung_up, 0) << "closed on the caller's thread";
   EXPECT_LT(handed_ms, 100);
-  EXPECT_EQ(ReaperKeptForTesting(), static_cast<size_t>(kMore + 1));
+  EXPECT_EQ(ReaperKeptForTesting(), static_cast<size_t>(kMore + 1) + (shared ? 1 : 0));
   // The ten kept and their peers; the lingering one was open already.
   EXPECT_EQ(fds_kept, fds_before + 2 * kMore);
   Release();
