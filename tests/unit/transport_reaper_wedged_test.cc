@@ -135,7 +135,7 @@ TEST(ReaperWedged, ASquattersFloodCostsABoundedCountAndNeverACloseOnTheImporters
   Squatter squatter;
   ASSERT_NO_FATAL_FAILURE(StartSquatter(&squatter));
   ClientOptions client;
-  client.timeout_ms = 2000;
+  client.timeout = Timeout::Ms(2000);
   const int fds_before = testing::RestingFdCount();
   // Opens until the reaper stops taking (refused at once), or, where
   // nothing refuses, until its inbox is full (the count stops growing).

@@ -59,10 +59,9 @@ void ListenerImpl::Run() noexcept {
         accepting ? kPollPeriodMs : std::min(kPollPeriodMs, admission.accept_resume.RemainingMs());
     for (const Connection& c : admission.waiting)
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
-    // After the waiting connections the kept ones, then (their indexes
-    // stay) every watch
-    // connection, for its hang-up, and lagging followers, whose answers and
-    // room bring Maintain back at once.
+    // After the waiting connections the kept ones, then (their indexes stay)
+    // every watch connection, for its hang-up, and lagging followers, whose
+    // answers and room bring Maintain back at once.
     size_t kept_fds = 0;
     size_t watch_fds = 0;
     bool complete = true;
