@@ -10,33 +10,21 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 namespace {
 
 // What a watch connection whose importer hung up (or that is in error)
-// reports. Not "hung up and nothing to read": a Unix socket whose peer
-// closed polls readable too (its EOF), so that test never held for an
-// importer that exited. Nothing it left queued matters: it can no longer be
+// reports in the listener's poll (watcher.cc says why not "hung up and
+// nothing to read"). Nothing it left queued matters: it can no longer be
 // told anything.
 constexpr short kHangUp = POLLHUP | POLLERR | POLLRDHUP | POLLNVAL;
-
-// True when the peer hung up or the socket is in error: poll without waiting.
-bool HungUp(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & kHangUp) != 0;
-}
 
 }  // namespace
 
 Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
                                         const wire::Nonce& nonce) {
-  auto watcher = std::make_shared<Watcher>();
-  watcher->follower = follower;
-  watcher->pid = pid;
-  watcher->key = key;
-  watcher->nonce = nonce;
+  auto watcher = std::make_shared<Watcher>(follower, pid, key, nonce);
   std::vector<std::shared_ptr<Watcher>> gone;  // closed after the lock (or by a Notify using one)
   std::lock_guard<ForkMutex> lock(list_mutex_);
   // Importers that exited since, and the follower's earlier connection (one
@@ -44,7 +32,7 @@ Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const S
   for (auto it = list_.begin(); it != list_.end();) {
     Watcher& w = **it;
     if (w.follower == follower ||
-        (w.state == Watcher::State::kActive && !w.lagging && HungUp(w.fd.get()))) {
+        (w.state == Watcher::State::kActive && !w.lagging && w.HungUp())) {
       w.dead = true;
       w.state = Watcher::State::kGone;
       gone.push_back(std::move(*it));
@@ -111,7 +99,7 @@ bool Watchers::PollFds(std::vector<pollfd>* fds) {
     short events = POLLRDHUP;
     if (watcher->lagging) {
       events |= POLLIN;  // its acks, when it runs again
-      if (Answered(*watcher) &&
+      if (watcher->Answered() &&
           (watcher->overflowed ||
            std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
                        [](const auto& entry) { return !entry.second.stale; })))
@@ -142,10 +130,9 @@ void Watchers::Maintain(std::span<const pollfd> polled) {
   if (lagging.empty()) return;
   std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
   if (!notifying.owns_lock()) return;  // a Notify runs: it catches up whom it can
-  NotifyResult ignored;
   for (const auto& watcher : lagging) {
     if (watcher->dead || watcher->state != Watcher::State::kActive) continue;
-    if (HungUp(watcher->fd.get()) || !ReadAcks(*watcher, &ignored)) {
+    if (watcher->HungUp() || !watcher->ReadAcks(nullptr)) {
       Drop(watcher);
       continue;
     }

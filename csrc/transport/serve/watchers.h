@@ -45,6 +45,7 @@
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "transport/serve/fd_budget.h"
+#include "transport/serve/watcher.h"
 #include "transport/siphash.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"
@@ -87,7 +88,6 @@ class Watchers {
   // Tests lower the bound.
   void SetMaxBacklogForTesting(size_t max) { max_backlog_ = max; }
 
-  struct Watcher;
   using Reservation = std::shared_ptr<Watcher>;
 
   void SetResumeFdSource(ResumeFdSource source) { resume_fd_ = std::move(source); }
@@ -149,17 +149,9 @@ class Watchers {
   void Exchange(std::vector<Target>& targets, const std::vector<WatchNotice>& notices,
                 const Deadline& deadline, int stop_fd, NotifyResult* result);
   void Drop(const std::shared_ptr<Watcher>& watcher);
-  // Folds `notice` into a lagging watcher's backlog.
-  void Fold(Watcher& watcher, const WatchNotice& notice);
-  // Reads every ack queued on `watcher` without waiting; false when the
-  // watcher must be dropped. Acks of current notices are added to `result`.
-  bool ReadAcks(Watcher& watcher, NotifyResult* result);
   // Sends a lagging watcher's backlog, if it has answered everything sent
   // before it lagged; clears its lagging state when nothing is left. Never waits.
   void CatchUp(Watcher& watcher, int stop_fd);
-  static bool Answered(const Watcher& watcher);
-  bool SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
-                 const Deadline& deadline, int stop_fd, bool* would_block);
 
   mutable ForkMutex list_mutex_;
   // A reserved watcher became active or went (waited on with list_mutex_).

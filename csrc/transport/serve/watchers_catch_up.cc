@@ -1,44 +1,20 @@
-// A lagging follower: what it missed, folded into one backlog entry per
-// chunk it holds, and its catch-up once it has acked everything sent before
-// it lagged, as many events as its connection takes without waiting.
+// A lagging follower's catch-up: what it missed (folded into one backlog
+// entry per chunk it holds: Watcher::Fold), sent once it has acked
+// everything sent before it lagged, as many events as its connection takes
+// without waiting.
 #include "common/log.h"
 #include "transport/serve/watchers.h"
-#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 
-void Watchers::Fold(Watcher& watcher, const WatchNotice& notice) {
-  auto it = watcher.backlog.find(notice.base);
-  if (it == watcher.backlog.end()) {
-    if (watcher.backlog.size() >= max_backlog_) return;  // checked by the caller
-    Watcher::Missed missed;
-    // Before this notice the follower held what it says changed: a pause
-    // takes a mapped chunk away, a resume maps a paused one.
-    missed.held_mapped = notice.kind == wire::EventKind::kPause;
-    missed.held_generation = notice.generation;
-    missed.held_size = notice.size;
-    it = watcher.backlog.emplace(notice.base, missed).first;
-  }
-  it->second.stale = false;
-  it->second.now_mapped = notice.kind == wire::EventKind::kResume;
-  it->second.now_generation = notice.generation;
-  it->second.now_size = notice.size;
-}
-
-// Whether a lagging follower has acked every event sent before it lagged.
-bool Watchers::Answered(const Watcher& watcher) {
-  return watcher.outstanding.empty() ||
-         static_cast<int32_t>(watcher.outstanding.front().first - watcher.lag_sequence) > 0;
-}
-
 void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
-  if (!watcher.lagging || !Answered(watcher)) return;
+  if (!watcher.lagging || !watcher.Answered()) return;
   const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
   bool would_block = false;
   if (watcher.overflowed) {
     wire::Event unfollowed;
     unfollowed.kind = wire::EventKind::kUnfollowed;
-    if (!SendEvent(watcher, unfollowed, -1, -1, now, stop_fd, &would_block)) {
+    if (!watcher.Send(unfollowed, -1, -1, now, stop_fd, &would_block)) {
       watcher.dead = true;
       return;
     }
@@ -66,7 +42,7 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
       pause.base = it->first;
       pause.size = missed.held_size;
       pause.generation = missed.held_generation;
-      if (!SendEvent(watcher, pause, -1, -1, now, stop_fd, &would_block)) {
+      if (!watcher.Send(pause, -1, -1, now, stop_fd, &would_block)) {
         watcher.dead = true;
         return;
       }
@@ -87,7 +63,7 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
       resume.base = it->first;
       resume.size = missed.now_size;
       resume.generation = missed.now_generation;
-      if (!SendEvent(watcher, resume, fd.get(), -1, now, stop_fd, &would_block)) {
+      if (!watcher.Send(resume, fd.get(), -1, now, stop_fd, &would_block)) {
         watcher.dead = true;
         return;
       }

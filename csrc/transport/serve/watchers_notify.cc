@@ -1,7 +1,7 @@
 // A Notify: every notice to the watchers of its followers, sent and acked on
 // all of them at once within one deadline; whoever is not done by then lags
-// (watchers_catch_up.cc). Also the two primitives of the exchange, one
-// event sent and the acks read, which the catch-up uses too.
+// (watchers_catch_up.cc). The primitives it uses, one event sent and the
+// acks read, are the Watcher's (watcher.cc).
 #include <poll.h>
 
 #include <algorithm>
@@ -9,7 +9,6 @@
 
 #include "common/log.h"
 #include "transport/serve/watchers.h"
-#include "transport/serve/watchers_impl.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -19,62 +18,6 @@ bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
 }
 
 }  // namespace
-
-bool Watchers::SendEvent(Watcher& watcher, const wire::Event& event, int fd, int notice,
-                         const Deadline& deadline, int stop_fd, bool* would_block) {
-  wire::Event numbered = event;
-  numbered.sequence = watcher.sequence + 1;
-  const auto bytes = wire::EncodeEvent(numbered, watcher.nonce, watcher.key);
-  const int fds[1] = {fd};
-  const IoResult io = SendMessage(watcher.fd.get(), bytes,
-                                  std::span<const int>(fds, fd >= 0 ? 1 : 0), deadline, stop_fd);
-  *would_block = io.status == IoStatus::kTimeout || io.status == IoStatus::kStopped;
-  if (io.ok()) {
-    watcher.sequence = numbered.sequence;
-    watcher.outstanding.emplace_back(numbered.sequence, notice);
-    return true;
-  }
-  if (*would_block) return true;
-  if (io.status != IoStatus::kPeerClosed)
-    VMMIPC_LOG_WARN(
-        "follow: sending an event to importer {} failed: {}; dropping its watch connection",
-        PeerPidText(watcher.pid), IoStatusName(io.status));
-  return false;
-}
-
-bool Watchers::ReadAcks(Watcher& watcher, NotifyResult* result) {
-  std::vector<uint8_t> buffer(wire::kAckSize + 1);
-  for (;;) {
-    // Looked at before it is taken: a watcher has no business sending fds,
-    // and one that does is closed through the reaper with them queued.
-    PeekedMessage peeked;
-    const IoResult io = PeekMessage(watcher.fd.get(), buffer, &peeked, Deadline::AfterMs(0));
-    if (io.status == IoStatus::kTimeout) return true;
-    wire::Ack ack;
-    const bool valid = io.ok() && !peeked.carries_fds && !peeked.truncated &&
-                       wire::ParseAck({buffer.data(), peeked.length}, watcher.nonce, watcher.key,
-                                      &ack) == wire::WireError::kOk;
-    if (!valid) {
-      if (io.status != IoStatus::kPeerClosed)
-        VMMIPC_LOG_WARN(
-            "follow: importer {} answered out of protocol; dropping its watch connection",
-            PeerPidText(watcher.pid));
-      return false;
-    }
-    DiscardPeekedMessage(watcher.fd.get());
-    // Acks come in the order of the events: one for a later event means the
-    // ones before it were skipped (never, from a well-behaved importer).
-    while (!watcher.outstanding.empty() &&
-           static_cast<int32_t>(ack.sequence - watcher.outstanding.front().first) > 0)
-      watcher.outstanding.pop_front();
-    if (watcher.outstanding.empty() || watcher.outstanding.front().first != ack.sequence)
-      continue;  // an older, already-skipped event's ack
-    const int notice = watcher.outstanding.front().second;
-    watcher.outstanding.pop_front();
-    if (notice >= 0 && ack.status == wire::AckStatus::kDone)
-      result->done[static_cast<size_t>(notice)].push_back(watcher.follower);
-  }
-}
 
 // One watcher's part in a Notify: the notices for it, in order, and how
 // many of them were sent.
@@ -127,7 +70,8 @@ void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, bool
           PeerPidText(watcher.pid), max_backlog_);
       break;
     }
-    Fold(watcher, notice);
+    watcher.Fold(notice.kind == wire::EventKind::kResume, notice.base, notice.size,
+                 notice.generation);
   }
   target.next = target.notices.size();
   // Sent and not acked: the follower still reads them when it runs, but
@@ -148,8 +92,8 @@ bool Watchers::SendNotices(Target& target, const std::vector<WatchNotice>& notic
     event.size = notice.size;
     event.generation = notice.generation;
     bool would_block = false;
-    if (!SendEvent(*target.watcher, event, notice.fd, static_cast<int>(index), Deadline::AfterMs(0),
-                   stop_fd, &would_block))
+    if (!target.watcher->Send(event, notice.fd, static_cast<int>(index), Deadline::AfterMs(0),
+                              stop_fd, &would_block))
       return false;
     if (would_block) return true;
     ++target.next;
@@ -184,7 +128,7 @@ void Watchers::Exchange(std::vector<Target>& targets, const std::vector<WatchNot
       const short revents = pfds[i].revents;
       Target& target = *polled[i];
       const bool gone = (revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 && (revents & POLLIN) == 0;
-      if (((revents & POLLIN) != 0 && !ReadAcks(*target.watcher, result)) || gone ||
+      if (((revents & POLLIN) != 0 && !target.watcher->ReadAcks(&result->done)) || gone ||
           ((revents & POLLOUT) != 0 && !SendNotices(target, notices, stop_fd, result)))
         Drop(target.watcher);  // out of protocol, or the importer exited
     }
@@ -207,8 +151,8 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
     }
     if (!watcher.lagging) continue;
     // Answering again? Then it gets what it missed first, and these after.
-    if (ReadAcks(watcher, &result)) CatchUp(watcher, stop_fd);
-    if (!ReadAcks(watcher, &result) || watcher.dead)
+    if (watcher.ReadAcks(&result.done)) CatchUp(watcher, stop_fd);
+    if (!watcher.ReadAcks(&result.done) || watcher.dead)
       Drop(target.watcher);
     else if (watcher.lagging)
       Lag(target, notices, /*newly=*/false, &result);
