@@ -16,7 +16,7 @@
 // torch_memory_saver does (pause, resume), and replay a graph captured before
 // (graph_capture, graph_launch; real driver only); the follow-holder tests
 // (follow_holders_test.cc) watch an exporter without the library, to see
-// every event it sends (raw_watch, raw_events: raw_follower.h).
+// every event it sends (raw_watch, raw_events, raw_ack, raw_watches: raw_follower.h).
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>

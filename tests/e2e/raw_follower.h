@@ -12,6 +12,22 @@
 // from sending it more (an exporter that took a follower's word would send
 // it the resumed memory of chunks it never was granted). `raw_events`
 // answers the log so far; what was sent before the command started is in it.
+//
+// `raw_watch HEX FOLLOWER MODE` picks another behaviour: `silent` sends the
+// watch request and then nothing (it neither reads nor acks: a silent
+// watcher, issue 36 item 3); `held` logs the events as they come but acks
+// them only on `raw_ack` (a follower that answers late, at the test's word:
+// a deterministic stand-in for one that is slow). `raw_ack` acks "done"
+// every event logged and not acked yet. `raw_fetch HEX FOLLOWER` fetches a
+// handle without the watch flag under that follower id (its chunks are then
+// the follower's too), keeping the fds.
+//
+// `raw_watches HEX FIRST COUNT` makes COUNT watch fetches of the handle, the
+// i-th with follower id FIRST + i, each on a connection of its own, and
+// keeps every watch connection it is given (silent): one process asking for
+// many watches (issue 36 item 4). It answers "ok GRANTED": the fetches
+// granted (how many connections the exporter keeps is the exporter's to
+// count: it closes those it does not keep after their reply).
 #pragma once
 
 #include <string>
@@ -19,7 +35,8 @@
 
 namespace vmmipc::testing {
 
-// vmmipc_peer's raw_watch and raw_events; false when `a` is neither.
+// vmmipc_peer's raw_watch, raw_fetch, raw_events, raw_ack and raw_watches;
+// false when `a` is none of them.
 bool RawFollowerCommand(const std::vector<std::string>& a, std::string* reply);
 
 }  // namespace vmmipc::testing
