@@ -77,6 +77,10 @@ class Watcher {
   // The last event sent when it became lagging: it has answered once its
   // acks go past it (Answered).
   uint32_t lag_sequence = 0;
+  // The burst (Watchers.h: consecutive Notifies) in which it last lagged;
+  // 0: never. It is not waited for again, nor stops lagging, until that
+  // burst is over: a follower costs a burst at most one timeout.
+  uint64_t lag_burst = 0;
   // It missed more than the backlog's bound: its catch-up is one kUnfollowed
   // event (it drops what it holds of this exporter), then the connection goes.
   bool overflowed = false;

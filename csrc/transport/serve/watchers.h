@@ -16,6 +16,23 @@
 //    one entry per chunk it holds (the chunk's state then and now), and sent
 //    as catch-up events once it has acked everything sent before (checked at
 //    each Notify and by Maintain, on the listener's thread).
+//  - The bound is per burst, not per Notify: a pause or resume of many
+//    allocations is one Notify per allocation (one cuMemUnmap or cuMemMap
+//    each), and a burst is a run of Notifies each starting within the
+//    timeout of the previous one's end. In order: a Notify starts (a new
+//    burst if the last one ended a timeout ago or more); the followers that
+//    lag are not waited for; the others are sent their notices and waited
+//    for together, until one deadline; whoever missed it lags, marked with
+//    this burst, and so does every other follower of the same process (by
+//    SO_PEERCRED pid; pid 0, a process in another pid namespace, only
+//    itself): one process cannot make a burst wait once per follower id.
+//    A follower marked with the current burst keeps lagging even when it
+//    answers everything (its later notices go to its backlog and are sent
+//    as catch-up, without waiting) until the burst is over; only then does
+//    it stop lagging and get waited for again. So a follower, or a process,
+//    costs a burst at most one timeout, whether it is silent, stopped, slow,
+//    or answers each event just after its deadline (which before cleared
+//    its lag at the next Notify, and cost the timeout again, per allocation).
 //
 // Threads: Reserve/Activate/Cancel run on the listener's threads, Notify on
 // the thread that unmaps or maps (the application's), Maintain on the
@@ -32,6 +49,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -87,6 +105,12 @@ class Watchers {
   static constexpr size_t kMaxBacklog = 1 << 20;
   // Tests lower the bound.
   void SetMaxBacklogForTesting(size_t max) { max_backlog_ = max; }
+  // Tests: the current burst is over now, as it is a timeout after its last
+  // Notify (a hold point instead of that wait).
+  void EndBurstForTesting() {
+    std::lock_guard<std::mutex> notifying(notify_mutex_);
+    burst_over_at_ = std::chrono::steady_clock::now();
+  }
 
   using Reservation = std::shared_ptr<Watcher>;
 
@@ -138,9 +162,16 @@ class Watchers {
  private:
   struct Target;  // one watcher's part in a Notify
   std::vector<Target> TargetsOf(const std::vector<WatchNotice>& notices, const Deadline& deadline);
-  // The watcher of `target` lags from here on: the rest of its notices go
-  // into its backlog; it is reported in `result`.
-  void Lag(Target& target, const std::vector<WatchNotice>& notices, bool newly,
+  // Whether `watcher` lagged in the burst still going on (under notify_mutex_).
+  bool LaggedThisBurst(const Watcher& watcher) const;
+  // Why a watcher lags in a Notify: it already did (and has not caught up),
+  // it missed this Notify's deadline (or its reply is stuck), or another
+  // follower of its process lagged in this burst.
+  enum class LagCause { kStillLagging, kMissedDeadline, kSameProcess };
+  // The watcher of `target` lags from here on, for the rest of the burst at
+  // least: the rest of its notices go into its backlog; it is reported in
+  // `result` (as newly lagging when it missed the deadline).
+  void Lag(Target& target, const std::vector<WatchNotice>& notices, LagCause cause,
            NotifyResult* result);
   // Sends what the connection takes now; false when the watcher must go.
   bool SendNotices(Target& target, const std::vector<WatchNotice>& notices, int stop_fd,
@@ -157,6 +188,12 @@ class Watchers {
   // A reserved watcher became active or went (waited on with list_mutex_).
   std::condition_variable_any activated_;
   std::mutex notify_mutex_;
+  // Under notify_mutex_: the current burst (0 before the first Notify), when
+  // it is over if no Notify starts before (the last one's end plus its
+  // timeout), and the pids of the processes whose followers lagged in it.
+  uint64_t burst_ = 0;
+  std::chrono::steady_clock::time_point burst_over_at_{};
+  std::vector<uint32_t> burst_lagging_pids_;
   std::vector<std::shared_ptr<Watcher>> list_;
   ResumeFdSource resume_fd_;
   size_t max_backlog_ = kMaxBacklog;

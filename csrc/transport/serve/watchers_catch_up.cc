@@ -72,6 +72,10 @@ void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
     it = watcher.backlog.erase(it);
   }
   if (!watcher.backlog.empty()) return;  // stale entries wait for their notice
+  // Caught up, but it lagged in the burst still going on: not waited for
+  // again before that burst is over (watchers.h); Maintain, on the
+  // listener's poll period, or the next burst's first Notify ends its lag.
+  if (LaggedThisBurst(watcher)) return;
   watcher.lagging = false;
   VMMIPC_LOG_INFO("follow: importer {} answers again and was sent what it missed",
                   PeerPidText(watcher.pid));

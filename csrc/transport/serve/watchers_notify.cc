@@ -42,10 +42,12 @@ std::vector<Watchers::Target> Watchers::TargetsOf(const std::vector<WatchNotice>
     if (!target.notices.empty()) targets.push_back(std::move(target));
   }
   // A watcher whose reply is still being sent: its events go after the
-  // reply (the same connection), so wait for it, within the one deadline.
+  // reply (the same connection), so wait for it, within the one deadline;
+  // not for one that lags (its reply was stuck before: it costs a burst one
+  // wait, not one per Notify).
   auto replying = [&] {
     return std::any_of(targets.begin(), targets.end(), [](const Target& t) {
-      return t.watcher->state == Watcher::State::kReplying;
+      return t.watcher->state == Watcher::State::kReplying && !t.watcher->lagging;
     });
   };
   while (replying() && !deadline.Expired())
@@ -53,11 +55,21 @@ std::vector<Watchers::Target> Watchers::TargetsOf(const std::vector<WatchNotice>
   return targets;
 }
 
-void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, bool newly,
+bool Watchers::LaggedThisBurst(const Watcher& watcher) const {
+  return watcher.lag_burst == burst_ && std::chrono::steady_clock::now() < burst_over_at_;
+}
+
+void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, LagCause cause,
                    NotifyResult* result) {
   Watcher& watcher = *target.watcher;
+  const bool newly = cause != LagCause::kStillLagging;
   if (newly) watcher.lag_sequence = watcher.sequence;
   if (!watcher.lagging) watcher.lagging = true;
+  // Lags for the rest of this burst, and so do the other followers of its
+  // process (watchers.h). Pid 0 is every process of another pid namespace.
+  watcher.lag_burst = burst_;
+  if (watcher.pid != 0 && !Contains(burst_lagging_pids_, watcher.pid))
+    burst_lagging_pids_.push_back(watcher.pid);
   for (size_t k = target.next; k < target.notices.size() && !watcher.overflowed; ++k) {
     const WatchNotice& notice = notices[target.notices[k]];
     if (watcher.backlog.size() >= max_backlog_ && watcher.backlog.count(notice.base) == 0) {
@@ -78,7 +90,8 @@ void Watchers::Lag(Target& target, const std::vector<WatchNotice>& notices, bool
   // they are no longer this call's to wait for.
   for (auto& [sequence, notice] : watcher.outstanding) notice = -1;
   result->lagging.push_back(watcher.follower);
-  if (newly) result->newly_lagging.emplace_back(watcher.follower, watcher.pid);
+  if (cause == LagCause::kMissedDeadline)
+    result->newly_lagging.emplace_back(watcher.follower, watcher.pid);
 }
 
 bool Watchers::SendNotices(Target& target, const std::vector<WatchNotice>& notices, int stop_fd,
@@ -140,22 +153,43 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
   NotifyResult result;
   result.done.resize(notices.size());
   std::lock_guard<std::mutex> notifying(notify_mutex_);
+  // A new burst when the last one is over (watchers.h); while this Notify
+  // runs, the current one is not.
+  if (burst_ == 0 || std::chrono::steady_clock::now() >= burst_over_at_) {
+    ++burst_;
+    burst_lagging_pids_.clear();
+  }
+  burst_over_at_ = std::chrono::steady_clock::time_point::max();
+  // However this Notify ends, the burst is over a timeout after it.
+  struct BurstEnd {
+    std::chrono::steady_clock::time_point* over_at;
+    int timeout_ms;
+    ~BurstEnd() {
+      *over_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    }
+  } burst_end{&burst_over_at_, std::max(timeout_ms, 0)};
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   std::vector<Target> targets = TargetsOf(notices, deadline);
   for (Target& target : targets) {
     Watcher& watcher = *target.watcher;
     if (watcher.dead) continue;  // cancelled: its grant never went out
     if (watcher.state != Watcher::State::kActive) {
-      Lag(target, notices, /*newly=*/true, &result);  // its reply is stuck
+      Lag(target, notices, LagCause::kMissedDeadline, &result);  // its reply is stuck
       continue;
     }
-    if (!watcher.lagging) continue;
-    // Answering again? Then it gets what it missed first, and these after.
+    if (!watcher.lagging) {
+      // Another follower of its process lagged in this burst: not waited for either.
+      if (watcher.pid != 0 && Contains(burst_lagging_pids_, watcher.pid))
+        Lag(target, notices, LagCause::kSameProcess, &result);
+      continue;
+    }
+    // Answering again? Then it gets what it missed first, and these after
+    // (still lagging, unless its burst is over).
     if (watcher.ReadAcks(&result.done)) CatchUp(watcher, stop_fd);
     if (!watcher.ReadAcks(&result.done) || watcher.dead)
       Drop(target.watcher);
     else if (watcher.lagging)
-      Lag(target, notices, /*newly=*/false, &result);
+      Lag(target, notices, LagCause::kStillLagging, &result);
   }
   // Sends and acks together, on every watcher at once: a follower that does
   // not read holds up only its own events, never another's.
@@ -166,7 +200,7 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
     Watcher& watcher = *target.watcher;
     if (watcher.dead || watcher.lagging) continue;
     if (target.next < target.notices.size() || target.WaitsForAck())
-      Lag(target, notices, /*newly=*/true, &result);
+      Lag(target, notices, LagCause::kMissedDeadline, &result);
   }
   return result;
 }
