@@ -32,6 +32,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -281,13 +282,16 @@ bool AllThreadsAsleep(pid_t pid) {
 // dup it takes of the fd it caches). The count does not depend on when
 // short-lived fds close, only on what the exporter keeps: these tests failed
 // once in 40 loaded runs when it was read once it had not changed for 300 ms.
-int RestingFdsOf(pid_t pid, int bound_ms = 10000) {
+// `kept`: the accepted connections it keeps for good (watch connections),
+// which it then holds at rest.
+int RestingFdsOf(pid_t pid, int bound_ms = 10000, int kept = 0) {
   const auto start = Clock::now();
   while (MsSince(start) < bound_ms) {
     const int fds = FdsOf(pid);
-    if (AcceptedConnectionsOf(pid) == 0 && AllThreadsAsleep(pid)) {
+    if (AcceptedConnectionsOf(pid) == kept && AllThreadsAsleep(pid)) {
       usleep(2000);
-      if (FdsOf(pid) == fds && AllThreadsAsleep(pid) && AcceptedConnectionsOf(pid) == 0) return fds;
+      if (FdsOf(pid) == fds && AllThreadsAsleep(pid) && AcceptedConnectionsOf(pid) == kept)
+        return fds;
     }
     usleep(2000);
   }
@@ -1067,6 +1071,39 @@ TEST_F(Fault, SilentPeerDelaysNobodyAndIsDroppedAtTheExportersTimeout) {
   EXPECT_TRUE(LogShows(*exporter, "no request (timed out after 1000 ms)"));
   EXPECT_EQ(importer->Call("check " + ptr + " " + Hex(kChunk) + " 12"), "ok");
   EXPECT_EQ(importer->Call("close " + ptr), "ok");
+}
+
+// Issue 36 item 4: 1,100 watch fetches of one handle from one process, each
+// under a new follower id, were kept until the exporter's watch budget (a
+// quarter of its free fds: 9 -> 263 fds of 1024). One process now keeps at
+// most Watchers::kMaxWatchersPerProcess (4) watch connections (by its
+// SO_PEERCRED pid); the rest of its fetches are answered without one. The
+// exporter's fds are counted at rest, with the watch connections it keeps.
+TEST_F(Fault, OneProcessWithAThousandFollowerIdsKeepsAFewWatchConnections) {
+  constexpr int kWatches = 1100;
+  constexpr int kPerProcess = 4;  // transport::Watchers::kMaxWatchersPerProcess
+  auto exporter = Peer("exporter", "0", {{"VMMIPC_FOLLOW", "1"}});
+  auto raw = Peer("raw", "", {}, {}, /*preload=*/false);  // raw_follower.h
+  ASSERT_TRUE(exporter && raw);
+  const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 3));
+  const int before = RestingFdsOf(exporter->pid());
+
+  const std::string answer =
+      raw->Call("raw_watches " + handle + " 0x7000 " + std::to_string(kWatches), 60000);
+  ASSERT_EQ(answer, "ok " + std::to_string(kWatches)) << "every fetch is granted";
+  // At rest with the watch connections it keeps: kPerProcess of them (before,
+  // it never came to rest with so few).
+  const int after = RestingFdsOf(exporter->pid(), 10000, kPerProcess);
+  std::cout << "exporter fds at rest: " << before << " before, " << after << " after " << kWatches
+            << " watch fetches of one process under new follower ids (" << FdsOf(exporter->pid())
+            << " now, " << AcceptedConnectionsOf(exporter->pid())
+            << " watch connections kept; bound " << before << " + " << kPerProcess << ")\n";
+  EXPECT_EQ(AcceptedConnectionsOf(exporter->pid()), kPerProcess);
+  EXPECT_EQ(after, before + kPerProcess);
+  EXPECT_TRUE(LogShows(*exporter, "watch connections already, under other follower ids"));
+  // The process's exit gives them back.
+  raw.reset();
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), before);
 }
 
 TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeepsServing) {

@@ -476,6 +476,37 @@ TEST_F(Follow, OneProcessWithAFollowerIdPerAllocationCostsAPauseOneTimeout) {
   EXPECT_LT(pause_ms, kBurstBoundMs) << "the process was waited for once per follower id";
 }
 
+// Issue 36 item 6: follower ids are 32-bit and random, so two importers may
+// draw the same one (or one may guess another's). A watch request under a
+// follower id that another process watches with must not replace that
+// watch (before, the first importer's connection was closed, silently, and
+// it followed nothing more): a follower id is bound to the process that
+// first watched with it, and the second is answered without a watch.
+TEST_F(Follow, AFollowerIdOfAnotherProcessDoesNotTakeItsWatch) {
+  auto exporter = FollowPeer("exporter", "0");
+  auto first = RawPeer("first");
+  auto second = RawPeer("second");
+  ASSERT_TRUE(exporter && first && second);
+  const uint64_t base = VmmBuffer(*exporter, "a", 1, 1);
+  const std::string handle = Handle(*exporter, base);
+  ASSERT_TRUE(StartsWith(first->Call("raw_watch " + handle + " 0x5eed"), "ok 1 "));
+
+  // Granted, but without a watch connection: the exporter closes its end
+  // after the reply, and says why.
+  EXPECT_TRUE(StartsWith(second->Call("raw_watch " + handle + " 0x5eed"), "ok 1 "));
+  EXPECT_TRUE(
+      LogShows(*exporter, "is the watch of another importer, pid " + std::to_string(first->pid())))
+      << Log(*exporter);
+  EXPECT_TRUE(WaitUntil([&] { return second->Call("raw_events") == "ok closed"; }))
+      << "the second importer's watch was kept: " << second->Call("raw_events");
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  std::string events;
+  EXPECT_TRUE(WaitUntil([&] { return (events = first->Call("raw_events")) != "ok"; }))
+      << "the first importer heard nothing of the pause";
+  EXPECT_TRUE(std::regex_match(events, std::regex("ok pause:" + Hex(base) + ":[0-9]+:0")))
+      << "its watch connection was taken: " << events;
+}
+
 // An open whose fetch is done but which has not placed its chunks yet (it
 // waits for its slot's placement lock, held here by another open whose
 // import the simulator delays) when the exporter pauses the chunk: it must

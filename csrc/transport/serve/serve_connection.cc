@@ -326,14 +326,14 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
   try {
     // The watcher first, so that a pause after the grant is told (watchers.h).
     if (request.request.watch && context.watchers != nullptr) {
+      std::string refused;
       request.watcher = context.watchers->Reserve(request.request.follower, request.peer.pid,
-                                                  request.key, request.nonce);
+                                                  request.key, request.nonce, &refused);
       if (!request.watcher && MayLog(context.name))
         VMMIPC_LOG_WARN(
-            "listener {}: importer {} asked to follow this process, but {} watch connections "
-            "are kept already, the most this process's free fds allow: it is answered without "
-            "one, and does not follow pauses of what it is granted",
-            context.name, PeerPidText(request.peer.pid), context.watchers->count());
+            "listener {}: importer {} asked to follow this process, but {}: it is answered "
+            "without a watch connection, and does not follow pauses of what it is granted",
+            context.name, PeerPidText(request.peer.pid), refused);
     }
     if (Prepare(request, context, reply)) return true;
   } catch (const std::exception& e) {

@@ -23,26 +23,59 @@ constexpr short kHangUp = POLLHUP | POLLERR | POLLRDHUP | POLLNVAL;
 }  // namespace
 
 Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
-                                        const wire::Nonce& nonce) {
+                                        const wire::Nonce& nonce, std::string* refused) {
   auto watcher = std::make_shared<Watcher>(follower, pid, key, nonce);
   std::vector<std::shared_ptr<Watcher>> gone;  // closed after the lock (or by a Notify using one)
   std::lock_guard<ForkMutex> lock(list_mutex_);
   // Importers that exited since, and the follower's earlier connection (one
-  // per follower: the new one replaces it). Only looked at here, never read.
+  // per follower: the new one replaces it, when it is the same process's).
+  // Only looked at here, never read.
+  const Watcher* taken = nullptr;  // the follower id's, another process's
+  size_t of_process = 0;           // the other watchers of `pid`
   for (auto it = list_.begin(); it != list_.end();) {
     Watcher& w = **it;
-    if (w.follower == follower ||
-        (w.state == Watcher::State::kActive && !w.lagging && w.HungUp())) {
+    const bool active = w.state == Watcher::State::kActive;
+    bool goes = active && !w.lagging && w.HungUp();
+    if (!goes && w.follower == follower) {
+      // A follower id is bound to the process that first watched with it:
+      // another process's request under it (a collision of 32-bit random
+      // ids, or a guess) never replaces that watch. Pid 0 (a process in
+      // another pid namespace) cannot be told from another: only a watch
+      // whose importer hung up is replaced then.
+      if ((pid != 0 && w.pid == pid) || (active && w.HungUp()))
+        goes = true;
+      else
+        taken = &w;
+    }
+    if (goes) {
       w.dead = true;
       w.state = Watcher::State::kGone;
       gone.push_back(std::move(*it));
       it = list_.erase(it);
     } else {
+      of_process += pid != 0 && w.pid == pid;
       ++it;
     }
   }
   activated_.notify_all();
-  if (list_.size() >= max_watchers_.load(std::memory_order_relaxed)) return nullptr;
+  auto refuse = [&](std::string why) {
+    if (refused != nullptr) *refused = std::move(why);
+    return nullptr;
+  };
+  if (taken != nullptr)
+    return refuse(
+        fmt::format("its follower id {:#x} is the watch of another importer, {}, which keeps it (a "
+                    "collision of random ids, or a guess)",
+                    follower, PeerPidText(taken->pid)));
+  if (of_process >= kMaxWatchersPerProcess)
+    return refuse(
+        fmt::format("it keeps {} watch connections already, under other follower ids: "
+                    "the most one process may",
+                    of_process));
+  if (list_.size() >= max_watchers_.load(std::memory_order_relaxed))
+    return refuse(
+        fmt::format("{} watch connections are kept already, the most this process's free fds allow",
+                    list_.size()));
   list_.push_back(watcher);
   return watcher;
 }

@@ -58,6 +58,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/fork_lock.h"
@@ -116,11 +117,24 @@ class Watchers {
 
   void SetResumeFdSource(ResumeFdSource source) { resume_fd_ = std::move(source); }
 
+  // At most this many watch connections of one importer process (by its
+  // SO_PEERCRED pid; pid 0, a process in another pid namespace, is bounded
+  // by the list's bound only). An importer keeps one per exporter, under
+  // its one follower id: more are another follower id's each, which only a
+  // process that makes them up has (issue 36 item 4: 1,100 of them took a
+  // quarter of the exporter's fd table).
+  static constexpr size_t kMaxWatchersPerProcess = 4;
+
   // Before a watch request of `follower` (pid `pid`) is served: the watcher
   // its connection will become, listed at once (replacing an earlier one of
-  // the same follower), so that a pause after its grant is told. Null when
-  // the list is full. `key` and `nonce` (the request's) MAC every event.
-  Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce);
+  // the same follower and process), so that a pause after its grant is
+  // told. Null, with why in `*refused`, when the list is full, the process
+  // has kMaxWatchersPerProcess already, or the follower id is another
+  // process's watch (never replaced: a follower id is bound to the process
+  // that first watched with it). `key` and `nonce` (the request's) MAC every
+  // event.
+  Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce,
+                      std::string* refused = nullptr);
   // The reply went out: `fd` is the watch connection from now on.
   void Activate(const Reservation& watcher, ScopedFd fd);
   // The reply did not go out: the watcher goes (the caller closes the connection).
