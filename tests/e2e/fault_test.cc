@@ -389,8 +389,8 @@ TEST_F(Fault, ExporterKilledWhilePreparingTheFdsFailsOpenAndLeavesNothing) {
     ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(kChunk) + " 2"), "ok");
     const std::string handle = Handle(*exporter, base);
     // The get's export ahead runs on: its chunk, and before it the exporter's
-    // warm-up (export keep-alive, fd table). Idle is once the count stays put.
-    const int idle = SteadyFdsOf(exporter->pid(), 300, 3000);
+    // warm-up (export keep-alive, fd table). Idle is at rest.
+    const int idle = RestingFdsOf(exporter->pid());
 
     auto answer = std::async(std::launch::async, [&] { return importer->Call("open " + handle); });
     const auto start = Clock::now();
@@ -948,11 +948,11 @@ TEST_F(Fault, MemoryReCreatedWhileItsRunIsServedIsRefusedNeverTorn) {
   // The listener started and settled first, so that the get below adds one fd.
   OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 29)), kChunk, 29);
   const uint64_t base = VmmBuffer(*exporter, "a", 2, 30);
-  const int fds_before_get = SteadyFdsOf(exporter->pid());
+  const int fds_before_get = RestingFdsOf(exporter->pid());
   const std::string handle = Handle(*exporter, base);
   // The get exports chunk 0 ahead; once it is cached, the request's only
   // export is chunk 1's, which waits.
-  const int armed = SettledFdsOf(exporter->pid(), fds_before_get + 1);
+  const int armed = RestingFdsOf(exporter->pid());
   ASSERT_EQ(armed, fds_before_get + 1) << "chunk 0 was not exported ahead";
   const Resources before = Held(*importer);
   ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1000"), "ok");
@@ -1054,7 +1054,7 @@ TEST_F(Fault, SilentPeerDelaysNobodyAndIsDroppedAtTheExportersTimeout) {
   auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "5000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 12));
-  const int idle = SteadyFdsOf(exporter->pid());  // the get's export ahead done
+  const int idle = RestingFdsOf(exporter->pid());  // the get's export ahead done
   const int silent = ConnectTo(Decode(handle));
   ASSERT_GE(silent, 0);
   // Accepted (one more fd there): the listener now waits for its request.
@@ -1114,7 +1114,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   // Served once first, so that the chunk's exported fd is in the exporter's
   // cache (kept until the chunk is unmapped) before its fds are counted.
   OpenCheckClose(*importer, handle, kChunk, 13);
-  const int exporter_fds = SteadyFdsOf(exporter->pid());  // the reply's own fds closed
+  const int exporter_fds = RestingFdsOf(exporter->pid());  // the reply's own fds closed
   const std::vector<uint8_t> request = RawRequest(h);
 
   // Half a request: too short for a preamble, so there is no nonce to answer with.
@@ -1166,8 +1166,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   }
   EXPECT_NE(log.find("no request (peer closed the connection)"), std::string::npos);
   // The connection that carried an fd is closed by the exporter's reaper thread.
-  EXPECT_EQ(SettledFdsOf(exporter->pid(), exporter_fds), exporter_fds)
-      << "the exporter kept a descriptor";
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), exporter_fds) << "the exporter kept a descriptor";
 }
 
 // VMMIPC_SOCKET_DIR must be private to the user: in a directory others can
@@ -1366,13 +1365,13 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   OpenCheckClose(*importer, warm, kChunk, 18);  // the zone exists from here on
   // (The exporter closes the reply's fds and connection a moment after the
   // importer has its answer: each count waits for that.)
-  const int exporter_fds_without_a = Steady(*exporter).fds;
+  const int exporter_fds_without_a = RestingFdsOf(exporter->pid());
   const uint64_t a = VmmBuffer(*exporter, "a", 3, 19);
-  const int fds_before_get = SteadyFdsOf(exporter->pid());
+  const int fds_before_get = RestingFdsOf(exporter->pid());
   const std::string handle = Handle(*exporter, a);
   // The get exports chunk 0 ahead on a listener worker: let it finish, so
   // that the injected failure hits the request's own driver calls.
-  EXPECT_EQ(SettledFdsOf(exporter->pid(), fds_before_get + 1), fds_before_get + 1);
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get + 1);
   const Resources importer_before = Held(*importer);
   const Resources exporter_before = Held(*exporter);
 
@@ -1400,12 +1399,7 @@ TEST_P(DriverFailure, FailsOpenWithAClearCodeAndLeavesNothingBehind) {
   // Unmapping the buffer closes its cached fds: the exporter is back to
   // where it was before the buffer existed.
   EXPECT_EQ(exporter->Call("free_vmm a"), "ok");
-  int exporter_fds = Held(*exporter).fds;
-  for (int i = 0; i < 200 && exporter_fds != exporter_fds_without_a; ++i) {
-    usleep(10000);
-    exporter_fds = Held(*exporter).fds;
-  }
-  EXPECT_EQ(exporter_fds, exporter_fds_without_a);
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), exporter_fds_without_a);
 }
 
 INSTANTIATE_TEST_SUITE_P(
