@@ -114,6 +114,19 @@ SocketVerdict JudgeSockets(const std::string& socket_dir, uint32_t uid) {
   verdict.name_uid = transport::SocketNameUid(uid);
   verdict.network_namespace = NetworkNamespace();
   verdict.path_limit = sizeof(sockaddr_un::sun_path) - 1;
+  // The library's own rule (transport/socket_uid.h): a process of the
+  // overflow uid neither serves nor takes any listener for its own.
+  if (transport::IsOverflowUid(uid)) {
+    verdict.problem = "overflow_uid";
+    verdict.why = fmt::format(
+        "this process runs as the overflow uid {}: a user namespace without a uid mapping "
+        "(such as `unshare --user`), where every other user's process reads as this uid too; "
+        "vmmipc does not export from it (cuIpcGetMemHandle fails) and refuses every exporter "
+        "as not its own; map the namespace's uid (--map-root-user, or the container "
+        "runtime's user mapping)",
+        uid);
+    return verdict;
+  }
   if (verdict.abstract)
     JudgeAbstract(&verdict);
   else

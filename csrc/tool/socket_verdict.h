@@ -19,7 +19,8 @@ struct SocketVerdict {
   uint32_t name_uid = 0;  // the uid in the names: as the parent user namespace sees `uid`
   bool usable = false;
   // Empty when usable; else one of missing, not_directory, not_private,
-  // not_writable, too_long (directories), bind_failed (abstract names).
+  // not_writable, too_long (directories), bind_failed (abstract names),
+  // overflow_uid (either: the process runs as the overflow uid).
   std::string problem;
   std::string why;  // the reason, as the library words it, the directory's name left out
   size_t longest_path =

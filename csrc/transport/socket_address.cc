@@ -65,6 +65,13 @@ bool CheckSocketDir(const std::string& dir, uint32_t uid, std::string* error) {
     return refuse(fmt::format("cannot be used: {}", ErrnoText(errno)));
   if (!S_ISDIR(st.st_mode)) return refuse("is not a directory");
   constexpr const char* kDo = "use a directory of your own that only you can write (mode 0700)";
+  if (IsOverflowUid(uid)) {
+    // Every unmapped user's directory reads as owned by it (socket_uid.h).
+    return refuse(fmt::format(
+        "cannot be told from another user's: this process runs as the overflow uid {} (a "
+        "user namespace without a uid mapping); map the namespace's uid",
+        uid));
+  }
   if (st.st_uid != uid) {
     return refuse(fmt::format(
         "belongs to uid {}, not to this process's uid {}: its owner could create or remove "

@@ -1,4 +1,5 @@
-// The uid of socket names, from the process's uid_map (socket_uid.h).
+// The uid of socket names, from the process's uid_map, and the overflow uid
+// (socket_uid.h).
 #include "transport/socket_uid.h"
 
 #include <fcntl.h>
@@ -12,6 +13,9 @@
 
 namespace vmmipc::transport {
 namespace {
+
+// The kernel's default, where /proc/sys/kernel/overflowuid cannot be read.
+constexpr uint32_t kDefaultOverflowUid = 65534;
 
 // One whitespace-separated unsigned number from `text` at `*at`.
 bool NextNumber(std::string_view text, size_t* at, uint64_t* out) {
@@ -61,6 +65,29 @@ uint32_t SocketNameUid(uint32_t uid) {
   const uint32_t mapped = ParentNamespaceUid(uid, map);
   last.store(uint64_t{uid} << 32 | mapped, std::memory_order_relaxed);
   return mapped;
+}
+
+uint32_t ParseOverflowUid(std::string_view text) {
+  size_t at = 0;
+  uint64_t uid = 0;
+  if (!NextNumber(text, &at, &uid) || uid > UINT32_MAX) return kDefaultOverflowUid;
+  return static_cast<uint32_t>(uid);
+}
+
+uint32_t OverflowUid() {
+  // -1 until read. Read once: the sysctl is set at boot, if ever.
+  static std::atomic<int64_t> known{-1};
+  if (const int64_t uid = known.load(std::memory_order_relaxed); uid >= 0)
+    return static_cast<uint32_t>(uid);
+  uint32_t uid = kDefaultOverflowUid;
+  ScopedFd file(::open("/proc/sys/kernel/overflowuid", O_RDONLY | O_CLOEXEC));
+  if (file.valid()) {
+    char buffer[32];
+    const ssize_t got = ::read(file.get(), buffer, sizeof(buffer));
+    if (got > 0) uid = ParseOverflowUid(std::string_view(buffer, static_cast<size_t>(got)));
+  }
+  known.store(uid, std::memory_order_relaxed);
+  return uid;
 }
 
 }  // namespace vmmipc::transport

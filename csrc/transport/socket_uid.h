@@ -24,4 +24,19 @@ uint32_t ParentNamespaceUid(uint32_t uid, std::string_view uid_map);
 // cache). `uid` itself when the file cannot be read.
 uint32_t SocketNameUid(uint32_t uid);
 
+// The kernel's overflow uid (/proc/sys/kernel/overflowuid; 65534 where it
+// cannot be read), read once: what SO_PEERCRED and stat() report for a uid
+// that has no mapping in the reader's user namespace, and what a process's
+// own euid reads as in a user namespace without a uid_map (`unshare --user`).
+// It names no one: in such a namespace every other user's process reads as
+// it too. So it is never "our uid": an exporter running as it does not serve
+// (listener.cc), an importer never takes a listener of that uid for its own
+// (fetch_client.cc), nor a socket directory of that owner (socket_address.cc).
+uint32_t OverflowUid();
+inline bool IsOverflowUid(uint32_t uid) { return uid == OverflowUid(); }
+
+// The overflow uid from the text of /proc/sys/kernel/overflowuid; 65534
+// when it is not a number (tests).
+uint32_t ParseOverflowUid(std::string_view text);
+
 }  // namespace vmmipc::transport

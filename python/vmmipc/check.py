@@ -146,6 +146,12 @@ SOCKET_DIR_REASONS = {
 def check_sockets(report, config):
     sockets = config.sockets
     net = sockets["network_namespace"]
+    if sockets.get("problem") == "overflow_uid":
+        # An unmapped user namespace: vmmipc neither serves nor imports here.
+        report.line("fail", "sockets", sockets["why"],
+                    f"uid {sockets['uid']} is the overflow uid (a user namespace without a "
+                    "uid mapping)")
+        return
     if sockets["kind"] == "abstract":
         if not sockets["usable"]:
             report.line("fail", "sockets", sockets["why"],

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -200,6 +201,31 @@ TEST_F(Containers, ARootlessContainerWithItsOwnNetworkSharesThroughTheSocketDire
     OpenCheckClose(*contained, Handle(*host, VmmBuffer(*host, "b", 1, 74)), kChunk, 74);
   }
   std::filesystem::remove_all(dir_template);
+}
+
+// Issue 36 item 2: a user namespace without a uid map (`unshare --user`).
+// Its process is the overflow uid, and so, to it, is every other user's
+// process: before, its exporter served every user as its own (another uid's
+// silent connections kept for the whole timeout). Now it does not serve:
+// its get of VMM memory fails with one clear line; a process of the host
+// then finds nothing to open (and the exporter's own memory still works).
+TEST_F(Containers, AnExporterInAnUnmappedUserNamespaceRefusesToServeInOneClearLine) {
+  std::string why;
+  if (!CanMakeUserNamespace(&why)) GTEST_SKIP() << "cannot make a user namespace: " << why;
+  PeerPlacement unmapped;
+  unmapped.unmapped_user_namespace = true;
+  auto contained = Peer("unmapped", "0", {}, unmapped);
+  ASSERT_NE(contained, nullptr);
+  std::ifstream overflow_file("/proc/sys/kernel/overflowuid");
+  int overflow = 65534;
+  overflow_file >> overflow;
+  ASSERT_EQ(contained->Call("uid"), "ok " + std::to_string(overflow));
+  const uint64_t base = VmmBuffer(*contained, "a", 1, 75);
+  const std::string got = contained->Call("get " + Hex(base));
+  EXPECT_FALSE(StartsWith(got, "ok ")) << "it exports as the overflow uid: " << got;
+  EXPECT_TRUE(LogShows(*contained, "runs as the overflow uid " + std::to_string(overflow)))
+      << Log(*contained);
+  EXPECT_EQ(contained->Call("check " + Hex(base) + " " + Hex(kChunk) + " 75"), "ok");
 }
 
 // An importer in a user namespace whose exporter is gone: the open fails

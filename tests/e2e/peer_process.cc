@@ -389,6 +389,7 @@ std::unique_ptr<PeerProcess> PeerProcess::Start(const std::map<std::string, std:
     // the peer's exit 123 to 126, which the test sees as a peer that does not
     // answer.
     if (placement.user_namespace_uid >= 0 && EnterUserNamespace(maps) != 0) _exit(125);
+    if (placement.unmapped_user_namespace && unshare(CLONE_NEWUSER) != 0) _exit(125);
     if (placement.own_network_namespace && unshare(CLONE_NEWNET) != 0) _exit(126);
     if (placement.own_ipc_namespace && unshare(CLONE_NEWIPC) != 0) _exit(124);
     if (placement.uid >= 0 && (setgroups(0, nullptr) != 0 ||

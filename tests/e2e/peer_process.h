@@ -68,6 +68,11 @@ struct PeerPlacement {
   // itself (`unshare --user --map-root-user`) and the test's uid to the host.
   // Not with pid_namespace.
   int user_namespace_uid = -1;
+  // A user namespace of its own with no uid or gid map (`unshare --user`):
+  // its uid is the overflow uid, and so is every other user's to it. Not
+  // with pid_namespace or user_namespace_uid. (It cannot create files: the
+  // test makes its log file first.)
+  bool unmapped_user_namespace = false;
   // An IPC namespace of its own (unshare(CLONE_NEWIPC): docker's default
   // --ipc=private). Not with pid_namespace.
   bool own_ipc_namespace = false;

@@ -198,6 +198,14 @@ Ended Connect(Fetch& fetch) {
                 fmt::format("{} is held by {} of uid {}, not by our uid {}", fetch.address.display,
                             PeerPidText(server.pid), server.uid, fetch.uid));
   }
+  // The overflow uid is every unmapped user's (socket_uid.h): never ours.
+  if (IsOverflowUid(server.uid)) {
+    return Fail(FetchStatus::kUnauthentic,
+                fmt::format("{} is held by {} of the overflow uid {}, which every user without "
+                            "a mapping in this process's user namespace reads as: not taken for "
+                            "our own",
+                            fetch.address.display, PeerPidText(server.pid), server.uid));
+  }
   return std::nullopt;
 }
 

@@ -18,6 +18,7 @@
 #include "common/syscall.h"
 #include "transport/serve/listener_impl.h"
 #include "transport/serve/listener_socket.h"
+#include "transport/socket_uid.h"
 
 namespace vmmipc::transport {
 
@@ -111,6 +112,19 @@ std::unique_ptr<Listener> Listener::Start(const ListenerOptions& options, ServeH
     impl->owner_pid = ::getpid();
     if (!impl->handler) {
       *error = "listener: no handler";
+      return nullptr;
+    }
+    // In a user namespace without a uid mapping this process is the overflow
+    // uid, and so, to SO_PEERCRED, is every other user's process: the uid
+    // check could not tell our importers from anyone else's. Not served at
+    // all (one clear line from the caller), rather than served to everyone.
+    if (const uint32_t uid = ::geteuid(); IsOverflowUid(uid)) {
+      *error = fmt::format(
+          "this process runs as the overflow uid {} (a user namespace without a uid mapping, "
+          "such as `unshare --user`), as every other user's process does to it: it cannot "
+          "tell its own importers from another user's, so it does not serve; map the "
+          "namespace's uid (--map-root-user, or a container runtime's user mapping)",
+          uid);
       return nullptr;
     }
     const SocketOwner owner = options.instance != 0 ? SocketOwner::Instance(options.instance)
