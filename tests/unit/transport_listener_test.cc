@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -823,6 +824,104 @@ TEST_F(TransportListenerFs, StaleSocketFileIsReplaced) {
     ASSERT_NE(listener, nullptr);
     EXPECT_EQ(FetchChunks(Request(pid), Client(1000, dir_)).status, FetchStatus::kOk);
   }
+  ExpectNoFdLeak();
+}
+
+// Issue 36 item 5: the sweep of dead socket files at a listener's start
+// probed each with a connect that waited (up to the sweep's 100 ms in all)
+// while a live listener's backlog was full: one such listener took the whole
+// sweep, and the dead files after it were never removed. Each probe now
+// returns at once. Several busy listeners beside several dead files: every
+// dead one goes whatever the directory's order (before, only those read
+// before the first busy one), and every busy one stays.
+TEST_F(TransportListenerFs, ListenersWithAFullBacklogDoNotStopTheSweep) {
+  constexpr int kBusy = 8;
+  constexpr int kDead = 8;
+  std::vector<ScopedFd> held;  // the busy listeners and their queued connections
+  std::vector<std::string> busy, dead;
+  auto name = [&](uint32_t instance) {
+    SocketAddress address;
+    std::string error;
+    EXPECT_TRUE(
+        MakeSocketAddress(geteuid(), SocketOwner::Instance(instance), dir_, &address, &error))
+        << error;
+    return address;
+  };
+  for (int i = 0; i < kBusy + kDead; ++i) {
+    const SocketAddress address = name(0x5c000000u + static_cast<uint32_t>(i));
+    ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(bind(fd.get(), address.get(), address.length), 0) << strerror(errno);
+    if (i % 2 == 1) {  // closed: the file stays, nobody listens
+      dead.push_back(address.path);
+      continue;
+    }
+    // Backlog 0 holds one connection; the next connect would wait (or EAGAIN).
+    ASSERT_EQ(listen(fd.get(), 0), 0);
+    for (;;) {
+      ScopedFd client(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (connect(client.get(), address.get(), address.length) != 0) {
+        ASSERT_EQ(errno, EAGAIN) << strerror(errno);
+        break;
+      }
+      held.push_back(std::move(client));
+    }
+    busy.push_back(address.path);
+    held.push_back(std::move(fd));
+  }
+  const uint32_t pid = FakePid();
+  const auto start = std::chrono::steady_clock::now();
+  {
+    auto listener = MustStart(Options(pid, 200, dir_), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+  }
+  const long start_ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::steady_clock::now() - start)
+                                              .count());
+  int left = 0;
+  struct stat st {};
+  for (const std::string& path : dead) left += lstat(path.c_str(), &st) == 0;
+  std::printf(
+      "a start beside %d listeners with a full backlog took %ld ms; %d of %d dead files "
+      "left (bound: 0)\n",
+      kBusy, start_ms, left, kDead);
+  EXPECT_EQ(left, 0) << "a busy listener stopped the sweep";
+  for (const std::string& path : busy) {
+    EXPECT_EQ(lstat(path.c_str(), &st), 0) << path << ": a live listener's file was swept";
+    unlink(path.c_str());
+  }
+  held.clear();
+  ExpectNoFdLeak();
+}
+
+// And a ".bind" file (a listener's name between its bind and its link) left
+// by a process killed there: nobody removed it, ever. A start in the
+// directory now sweeps one older than a minute (here: dated an hour back),
+// and leaves a young one, whose listener may be starting.
+TEST_F(TransportListenerFs, AStaleBindFileIsSweptAndAYoungOneIsNot) {
+  auto bind_file = [&](uint32_t instance) {
+    SocketAddress address;
+    std::string error;
+    EXPECT_TRUE(
+        MakeSocketAddress(geteuid(), SocketOwner::Instance(instance), dir_, &address, &error))
+        << error;
+    address.path.replace(address.path.size() - 5, 5, ".bind");
+    std::memcpy(address.sockaddr.sun_path, address.path.c_str(), address.path.size() + 1);
+    ScopedFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    EXPECT_EQ(bind(fd.get(), address.get(), address.length), 0) << strerror(errno);
+    return address.path;  // closed: bound, never listened on, as at a kill
+  };
+  const std::string stale = bind_file(0x5d000001u);
+  const std::string young = bind_file(0x5d000002u);
+  const timespec hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, stale.c_str(), hour_ago, AT_SYMLINK_NOFOLLOW), 0);
+  {
+    auto listener = MustStart(Options(FakePid(), 200, dir_), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+  }
+  struct stat st {};
+  EXPECT_NE(lstat(stale.c_str(), &st), 0) << "the stale .bind file was not swept";
+  EXPECT_EQ(lstat(young.c_str(), &st), 0) << "a young .bind file was swept";
+  unlink(young.c_str());
   ExpectNoFdLeak();
 }
 

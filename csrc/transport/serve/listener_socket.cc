@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <string_view>
 
 #include "common/log.h"
@@ -22,6 +23,31 @@ namespace {
 constexpr int kBacklog = 256;
 
 void (*g_bound_hook)(const std::string& path) = nullptr;
+
+// A ".bind" file (a listener's name while it starts: BindListeningSocket)
+// older than this is a leftover of a process killed between its bind and
+// its link: swept like a dead socket. A start spends microseconds there.
+constexpr int kStaleBindSeconds = 60;
+
+// What one connect without waiting says of a socket file: a non-blocking
+// Unix connect answers at once, connected (or queued) by a listener,
+// EAGAIN when that listener's backlog is full (live, and busy: before, a
+// blocking probe waited there for the whole sweep's time), ECONNREFUSED
+// when nobody listens.
+enum class Probe { kLive, kDead, kUnknown };
+
+Probe ProbeSocketFile(const SocketAddress& address, int* error) {
+  ScopedFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe) {
+    *error = errno;
+    return Probe::kUnknown;
+  }
+  if (::connect(probe.get(), address.get(), address.length) == 0 || errno == EAGAIN ||
+      errno == EINPROGRESS)
+    return Probe::kLive;
+  *error = errno;
+  return errno == ECONNREFUSED ? Probe::kDead : Probe::kUnknown;
+}
 
 // Prepares a filesystem socket path: a socket file left by a dead process
 // (connect is refused) is removed; a live one, or any other kind of file, is
@@ -37,17 +63,18 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
     *error = fmt::format("{} exists and is not a socket; not removing it", address.path);
     return false;
   }
-  ScopedFd probe;
-  const IoResult io = ConnectSeqpacket(address, Deadline::AfterMs(100), &probe);
-  if (io.ok() || io.status == IoStatus::kTimeout) {
+  int probe_error = 0;
+  const Probe probe = ProbeSocketFile(address, &probe_error);
+  if (probe == Probe::kLive) {
     *error = fmt::format(
         "{} is in use by a live listener (another process of this uid with the same "
         "instance id: one chance in 2^32 a pair)",
         address.path);
     return false;
   }
-  if (io.error != ECONNREFUSED) {
-    *error = fmt::format("{} exists and cannot be probed: {}", address.path, ErrnoText(io.error));
+  if (probe != Probe::kDead) {
+    *error =
+        fmt::format("{} exists and cannot be probed: {}", address.path, ErrnoText(probe_error));
     return false;
   }
   // ECONNREFUSED: nobody listens; a process of this name died without
@@ -64,11 +91,13 @@ bool ClearStalePath(const SocketAddress& address, std::string* error) {
 // nobody listens on: exporters killed without an exit handler. A name is an
 // exporter's random instance id, which no later process takes, so such a file
 // would otherwise stay for good. Only "vmmipc.<uid>.i<8 hex>.sock" sockets of
-// our uid, refused at connect (a live listener accepts; one that is merely
-// slow is left), and only while the path still names the inode looked at.
-// Bounded as a whole, not per file: the first 1024 entries of the directory,
-// and 100 ms for every probe together (a refused connect returns at once;
-// one that would wait for a live listener's full backlog spends the rest).
+// our uid, refused at connect (a live listener accepts, or has a full
+// backlog; either is left), and "vmmipc.<uid>.i<8 hex>.bind" ones as well
+// once older than kStaleBindSeconds (a process killed between bind and link
+// left it: nobody else ever removes it), and only while the path still names
+// the inode looked at. Each probe is one connect that does not wait
+// (ProbeSocketFile), so a busy listener costs the sweep no more than a dead
+// one; the whole is bounded too: the first 1024 entries, and 100 ms.
 void SweepDeadSocketFiles(const SocketAddress& own) {
   const size_t slash = own.path.rfind('/');
   if (slash == std::string::npos) return;
@@ -81,25 +110,27 @@ void SweepDeadSocketFiles(const SocketAddress& own) {
   while (const dirent* entry = ::readdir(listing)) {
     if (++seen > 1024 || deadline.Expired()) break;
     const std::string_view name(entry->d_name);
-    if (name.size() != prefix.size() + 8 + 5 || name.substr(0, prefix.size()) != prefix ||
-        name.substr(name.size() - 5) != ".sock")
-      continue;
+    if (name.size() != prefix.size() + 8 + 5 || name.substr(0, prefix.size()) != prefix) continue;
+    const std::string_view suffix = name.substr(name.size() - 5);
+    const bool bind_file = suffix == ".bind";
+    if (suffix != ".sock" && !bind_file) continue;
     const std::string path = (dir == "/" ? dir : dir + "/") + std::string(name);
     if (path == own.path) continue;
     struct stat before {};
     if (::lstat(path.c_str(), &before) != 0 || !S_ISSOCK(before.st_mode) ||
         before.st_uid != ::geteuid())
       continue;
+    if (bind_file && before.st_mtime > ::time(nullptr) - kStaleBindSeconds) continue;  // starting
     SocketAddress address = own;
     std::memcpy(address.sockaddr.sun_path, path.c_str(), path.size() + 1);
-    ScopedFd probe;
-    const IoResult io = ConnectSeqpacket(address, deadline, &probe);
-    if (io.ok() || io.status != IoStatus::kError || io.error != ECONNREFUSED) continue;
+    int probe_error = 0;
+    if (ProbeSocketFile(address, &probe_error) != Probe::kDead) continue;
     struct stat now {};
     if (::lstat(path.c_str(), &now) != 0 || now.st_dev != before.st_dev ||
         now.st_ino != before.st_ino || ::unlink(path.c_str()) != 0)
       continue;
-    VMMIPC_LOG_INFO("listener: removed stale socket file {}", path);
+    VMMIPC_LOG_INFO("listener: removed stale socket file {}{}", path,
+                    bind_file ? " (left by a listener killed while it started)" : "");
   }
   ::closedir(listing);
 }
@@ -142,7 +173,8 @@ bool BindListeningSocket(const SocketAddress& address, ScopedFd* fd, BoundSocket
   // listens: a file under a listener's name is always one that accepts, so
   // another process's sweep (which removes files whose connect is refused)
   // never takes the file of a listener that is starting. A process killed in
-  // between leaves the ".bind" file (the next start of that name clears it).
+  // between leaves the ".bind" file: the next start of that name clears it,
+  // and any start in the directory sweeps it once it is a minute old.
   SocketAddress bound = address;
   if (!address.abstract) {
     bound.path.replace(bound.path.size() - 5, 5, ".bind");
