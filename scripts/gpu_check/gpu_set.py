@@ -8,21 +8,27 @@ resume with VMMIPC_FOLLOW=1 (tests/python/memory_saver_check.py: raw cuda.bindin
 and torch_memory_saver from its wheel in .whl/ unless installed), benchmarks if built, the
 driver's own import floor under concurrency beside legacy IPC
 (tests/bench/concurrent_import_floor.py) and one open's driver calls
-(tests/bench/open_sequence_probe.py), the all-to-all registration benchmark (skipped, not
-failed, when less than 60 s of budget is left). Every step runs whatever happened before it,
-under a timeout, inside one time budget (GPU_CHECK_BUDGET_S, default 510 s). Each log is teed
-into OUTDIR; the end prints a markdown table (also OUTDIR/summary.md; the rows so far in
-OUTDIR/summary.partial.md). Exit: 0 when no step failed, 1 otherwise.
+(tests/bench/open_sequence_probe.py), NIXL's UCX backend as a client, with and without vmmipc
+(tests/python/nixl_client_check.py, when nixl is installed or its wheel is in .whl/ or
+NIXL_WHEEL; else a SKIP row "not run: nixl wheel missing"), the all-to-all registration
+benchmark (skipped, not failed, when less than 60 s of budget is left). Every step runs
+whatever happened before it, under a timeout, inside one time budget (GPU_CHECK_BUDGET_S,
+default 510 s). Each log is teed into OUTDIR; the end prints a markdown table (also
+OUTDIR/summary.md; the rows so far in OUTDIR/summary.partial.md). Exit: 0 when no step
+failed, 1 otherwise.
 
 Knobs: GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_ALLOW_NO_GPU=1 (no GPU is a skip, for trying
 the check on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5; 3 when less than 120 s are left),
 GPU_CHECK_BENCH_SCALE (1: iteration counts multiplier), GPU_CHECK_ALL_TO_ALL_BUDGET_S (180: the
 matrix is sized for it), GPU_CHECK_ALL_TO_ALL_REPS (3), MEMORY_SAVER_WHEEL (the
 torch_memory_saver wheel for the saver step; default .whl/torch_memory_saver-*.whl),
+NIXL_WHEEL (the nixl wheel for the NIXL step; default .whl/nixl_cu13-*.whl),
 GPU_CHECK_SKIP (comma list of steps not to run: ctest, python, spawn, saver, bench, floor,
-all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all step the budget).
+registration, nixl, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all
+step the budget).
 """
 
+import glob
 import os
 import re
 import shutil
@@ -47,6 +53,10 @@ for name in ("torch", "cuda.bindings", "cupy", "numpy"):
 '''
 TARGETS = r"^[0-9]+ met, [0-9]+ missed, [0-9]+ not measured"
 NO_RANK = ("LOCAL_RANK", "RANK", "VMMIPC_RANK")
+# The UCX setting of the NIXL step: UCX 1.23 turns cuda_ipc's READ (get zcopy) off on a GPU
+# with no NVLink peer ("auto"), so two processes on one GPU read at TCP's speed without it
+# (docs/recipes.md, NIXL / UCX).
+NIXL_UCX = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on"
 
 
 class GpuContext(Context):
@@ -69,6 +79,8 @@ class GpuContext(Context):
         self.commit = described_commit(repo)
         self.configured = False
         self._cuda_bindings = None
+        self._nixl = None
+        self.nixl_ucx = NIXL_UCX
 
     def cache(self):
         return os.path.join(self.repo, self.build_dir, "CMakeCache.txt")
@@ -113,6 +125,22 @@ class GpuContext(Context):
     @property
     def a2a_budget(self):
         return self.limit - 15
+
+    @property
+    def nixl_budget(self):
+        return self.limit - 15 if self.limit > 45 else self.limit
+
+    def nixl(self):
+        """nixl importable, or its wheel at hand (NIXL_WHEEL, .whl/nixl_cu13-*.whl)."""
+        if self._nixl is None:
+            wheel = self.env.get("NIXL_WHEEL")
+            if wheel:
+                self._nixl = os.path.isfile(wheel)
+            else:
+                self._nixl = bool(glob.glob(os.path.join(self.repo, ".whl", "nixl_cu13-*.whl")))
+            if not self._nixl:
+                self._nixl = self.probe(["python3", "-c", "import nixl_cu13"])[0] == 0
+        return self._nixl
 
     def cuda_bindings(self):
         if self._cuda_bindings is None:
@@ -399,6 +427,19 @@ def check_set(ctx):
                            "--lib", "{lib}", "--fetch-bin", "{fetch_bin}", "--out",
                            "{out}/registration", "--ranks", "2 4", "--rounds", "2", "--reps", "2",
                            "--budget-s", "90"], 110)]),
+            # NIXL's UCX backend, two processes on GPU 0: one-sided READ and WRITE of PyTorch
+            # tensors with expandable segments, with and without vmmipc, with pidfd_getfd refused
+            # by a seccomp filter, and cudaMalloc memory as the reference; every byte checked.
+            Step("nixl check", banner="NIXL / UCX cuda_ipc on expandable segments",
+                 log="nixl-check.log", skip_key="nixl", judge=harness("nixl_client_check"),
+                 gates=[Gate("nixl installed or its wheel (NIXL_WHEEL, .whl/nixl_cu13-*.whl)",
+                             lambda c: c.nixl(), SKIP, "not run: nixl wheel missing"),
+                        LIBRARY_BUILT],
+                 remove=["{out}/nixl"],
+                 run=[Cmd(["python3", "tests/python/nixl_client_check.py", "--lib", "{lib}",
+                           "--cases", "a,b,c,d,e", "--ucx", "{nixl_ucx}", "--out", "{out}/nixl",
+                           "--json", "{out}/nixl/rows.json", "--budget-s", "{nixl_budget}"],
+                          240, env={"LD_PRELOAD": ""})]),
             Step("all-to-all", banner="all-to-all registration", log="all-to-all.log",
                  skip_key="all_to_all", judge=judge_all_to_all,
                  gates=[Gate("{a2a_bin} built", lambda c: os.access(c.path(c.a2a_bin), os.X_OK),

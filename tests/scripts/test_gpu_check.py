@@ -105,6 +105,8 @@ else:
         if "saver" in fail:
             print("SKIPPED: no torch_memory_saver"); sys.exit(77)
         print("SUMMARY memory_saver_check: 4 PASS, 0 FAIL, 1 SKIP")
+    elif script == "nixl_client_check.py":
+        print("CHECK case_a_ran PASS\nSUMMARY nixl_client_check: 10 PASS, 0 FAIL, 0 SKIP")
     elif script == "concurrent_import_floor.py":
         print("RATIO alone: 1.2 / 1.0 = 1.20\nRATIO together: 3.1 / 2 = 1.55")
     elif script == "open_sequence_probe.py":
@@ -131,12 +133,16 @@ class GpuCheckTest(unittest.TestCase):
         self.build = os.path.join(self.tmp.name, "build-gpu")
         self.out = os.path.join(self.tmp.name, "out")
         self.calls_file = os.path.join(self.tmp.name, "calls.jsonl")
+        self.nixl_wheel = os.path.join(self.tmp.name, "nixl_cu13-1.5.1-cp312-cp312-any.whl")
+        with open(self.nixl_wheel, "w"):
+            pass
 
     def check(self, extra_env=None, argv=None):
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("GPU_CHECK_", "FAKE_")) and k not in ("OUT", "LD_PRELOAD")}
         env.update(PATH=self.bin_dir + os.pathsep + env.get("PATH", ""), LOCAL_RANK="3",
-                   GPU_CHECK_BUILD_DIR=self.build, FAKE_CALLS=self.calls_file)
+                   GPU_CHECK_BUILD_DIR=self.build, FAKE_CALLS=self.calls_file,
+                   NIXL_WHEEL=self.nixl_wheel)
         env.update(extra_env or {})
         result = subprocess.run(argv or [sys.executable, RUNNER, "gpu", self.out], env=env,
                                 cwd=self.tmp.name, stdout=subprocess.PIPE,
@@ -158,6 +164,7 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(list(rows), [
             "environment", "configure", "build", "ctest -L gpu", "python check", "spawn check",
             "saver check", "benchmarks", "driver floor", "open sequence", "registration",
+            "nixl check",
             "all-to-all"])
         self.assertTrue(rows["environment"][1].startswith("NVIDIA H200, 580.1; "))
         self.assertEqual(rows["build"][1], "exit 0; libvmmipc.so: built, cudart_ipc_client: built")
@@ -171,12 +178,13 @@ class GpuCheckTest(unittest.TestCase):
                          "alone 1.20, together 1.55; floor.log (exit 0)")
         self.assertEqual(rows["open sequence"][1],
                          "empty 512 MiB 310 us, anchored 20 us; open-sequence.log (exit 0)")
+        self.assertEqual(rows["nixl check"], ("PASS", "10 PASS, 0 FAIL, 0 SKIP; exit 0"))
         self.assertEqual(rows["all-to-all"][1], "2 launcher runs; targets: 2 met, 0 missed, 1 not "
                          "measured; all-to-all/all-to-all.md (exit 0)")
         for name in ("env.log", "configure.log", "build.log", "ctest-gpu.log",
                      "ctest-gpu-LastTest.log", "python-check.log", "spawn-check.log",
                      "saver-check.log", "bench.log", "floor.log", "open-sequence.log",
-                     "all-to-all.log", "summary.partial.md"):
+                     "nixl-check.log", "all-to-all.log", "summary.partial.md"):
             self.assertTrue(os.path.isfile(os.path.join(self.out, name)), name)
         with open(os.path.join(self.out, "ctest-gpu.log")) as handle:
             self.assertIn("\nCHECK cudart.open PASS\nRESULT cudart ok\n", handle.read())
@@ -201,6 +209,10 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(floor["env"]["LD_PRELOAD"], "")
         self.assertEqual(floor["argv"][1:], ["--ranks", "2", "--gpus", "1", "--per-rank", "64",
                                              "--reps", "3"])
+        (nixl,) = self.calls("nixl_client_check.py")
+        self.assertEqual(nixl["env"]["LD_PRELOAD"], "")  # the check preloads cases b and d
+        self.assertEqual(nixl["argv"][1:7], ["--lib", lib, "--cases", "a,b,c,d,e", "--ucx",
+                                             "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on"])
         (ctest,) = [c for c in self.all_calls() if c["tool"] == "ctest"]
         self.assertEqual(ctest["env"]["VMMIPC_LOG_LEVEL"], "info")
         self.assertEqual(ctest["argv"][:8], ["--test-dir", self.build, "-L", "gpu", "-LE",
@@ -218,6 +230,13 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(rows["saver check"][0], "SKIP")
         self.assertEqual(rows["driver floor"], ("SKIP", "no cuda.bindings"))
         self.assertNotIn("open sequence", rows)
+
+    def test_the_nixl_step_needs_its_wheel(self):
+        self.nixl_wheel = os.path.join(self.tmp.name, "no-such-nixl.whl")
+        result, _, rows = self.check()
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:])
+        self.assertEqual(rows["nixl check"], ("SKIP", "not run: nixl wheel missing"))
+        self.assertEqual(self.calls("nixl_client_check.py"), [])
 
     def test_a_failed_configure_leaves_nothing_to_run(self):
         result, _, rows = self.check({"FAKE_FAIL": "configure"})
@@ -251,10 +270,11 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(rows["environment"][0], "SKIP")
 
     def test_the_skip_list_and_the_budget(self):
-        skip = {"GPU_CHECK_SKIP": "ctest,python,spawn,saver,floor", "GPU_CHECK_BUDGET_S": "100"}
+        skip = {"GPU_CHECK_SKIP": "ctest,python,spawn,saver,floor,nixl",
+                "GPU_CHECK_BUDGET_S": "100"}
         result, _, rows = self.check(skip)
         self.assertEqual(result.returncode, 0)
-        for name in ("ctest", "python", "spawn", "saver", "floor"):
+        for name in ("ctest", "python", "spawn", "saver", "floor", "nixl"):
             self.assertEqual(rows[name], ("SKIP", "GPU_CHECK_SKIP"))
         self.assertNotIn("open sequence", rows)
         # Under 120 s left, the benchmark takes 3 repetitions.
@@ -270,7 +290,7 @@ class GpuCheckTest(unittest.TestCase):
                          "with GPU_CHECK_SKIP=ctest,python,bench$")
 
     def test_the_wrapper_takes_the_output_folder(self):
-        everything = "ctest,python,spawn,saver,bench,floor,registration,all_to_all"
+        everything = "ctest,python,spawn,saver,bench,floor,registration,nixl,all_to_all"
         result, _, rows = self.check({"GPU_CHECK_SKIP": everything},
                                      ["/bin/bash", os.path.join(SOURCE_DIR, "scripts",
                                                                 "gpu-check.sh"), self.out])
@@ -285,6 +305,7 @@ class GpuCheckTest(unittest.TestCase):
         for number, name in enumerate(["environment", "configure", "build", "ctest -L gpu",
                                        "python check", "spawn check", "saver check", "benchmarks",
                                        "driver floor", "open sequence", "registration",
+                                       "nixl check",
                                        "all-to-all"], 1):
             self.assertIn("\n%d. %s  (" % (number, name), text)
         self.assertIn("tests/python/torch_ipc_check.py --deadline-s 340", text)
