@@ -153,8 +153,8 @@ class RawFollower {
   static transport::FetchResult Fetch(const transport::FetchRequest& request, uint32_t follower,
                                       bool watch = true) {
     const char* dir = std::getenv("VMMIPC_SOCKET_DIR");
-    return transport::FetchChunks(request,
-                                  {dir != nullptr ? dir : "", TimeoutMs(), watch, follower});
+    return transport::FetchChunks(
+        request, {dir != nullptr ? dir : "", Timeout::Ms(TimeoutMs()), watch, follower});
   }
 
   bool SendAck(uint32_t sequence) {

@@ -204,7 +204,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::thread exporter(FakeExporter, std::cref(script));
     const vmmipc::transport::FetchRequest request = TheRequest(Fix().pid);
     const vmmipc::transport::FetchResult result =
-        vmmipc::transport::FetchChunks(request, {"", 5000});
+        vmmipc::transport::FetchChunks(request, {"", vmmipc::Timeout::Ms(5000)});
     exporter.join();
     if (std::getenv("FUZZ_VERBOSE") != nullptr)  // what each input led to, for seed work
       std::fprintf(stderr, "fetch: %s (%zu chunks) %s\n",

@@ -118,7 +118,7 @@ TEST_F(TransportListenerPath, SocketFileIsOwnerOnlyFromBirth) {
   request.handle.address = request.handle.chunk_base = 0x7f1200000000ULL;
   request.capability = wire::Capability(
       kSecret, {pid, 0, 0, request.handle.address, request.handle.chunk_base, 0, 0});
-  FetchResult result = FetchChunks(request, ClientOptions{dir_, 1000});
+  FetchResult result = FetchChunks(request, ClientOptions{dir_, Timeout::Ms(1000)});
   EXPECT_EQ(result.status, FetchStatus::kRefused) << result.detail;
 }
 
