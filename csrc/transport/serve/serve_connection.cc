@@ -15,6 +15,7 @@
 #include "common/log_limit.h"
 #include "common/syscall.h"
 #include "transport/reaper/fd_reaper.h"
+#include "transport/serve/grant_check.h"
 
 namespace vmmipc::transport {
 namespace {
@@ -66,34 +67,6 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
     VMMIPC_LOG_DEBUG("listener {}: refusal to {} not delivered: {}", context.name,
                      PeerPidText(peer.pid), IoStatusName(io.status));
   }
-}
-
-// Checks what the handler granted; kNone when it can be sent as is.
-RefuseReason CheckGrants(std::vector<ChunkGrant>* chunks, std::string* why) {
-  if (chunks->empty()) {
-    *why = "the handler granted no chunks";
-    return RefuseReason::kInternal;
-  }
-  if (chunks->size() > wire::kMaxTotalChunks) {
-    *why = fmt::format("{} chunks, the protocol allows {}", chunks->size(), wire::kMaxTotalChunks);
-    return RefuseReason::kTooManyChunks;
-  }
-  std::sort(chunks->begin(), chunks->end(),
-            [](const ChunkGrant& a, const ChunkGrant& b) { return a.address < b.address; });
-  for (size_t i = 0; i < chunks->size(); ++i) {
-    const ChunkGrant& c = (*chunks)[i];
-    if (!c.fd.valid() || c.size == 0 || c.address + c.size < c.address) {
-      *why = fmt::format("the handler granted an invalid chunk at {:#x} (size {}, fd {})",
-                         c.address, c.size, c.fd.get());
-      return RefuseReason::kInternal;
-    }
-    if (i > 0 && (*chunks)[i - 1].address + (*chunks)[i - 1].size > c.address) {
-      *why = fmt::format("the handler granted overlapping chunks at {:#x} and {:#x}",
-                         (*chunks)[i - 1].address, c.address);
-      return RefuseReason::kInternal;
-    }
-  }
-  return RefuseReason::kNone;
 }
 
 // True when every batch was sent.
