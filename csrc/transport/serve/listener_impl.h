@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/types.h>
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -56,6 +57,8 @@ struct ListenerImpl {
 
   // listener_poll.cc, the poll thread's.
   void Run() noexcept;
+  bool BuildPollSet(const std::array<pollfd, 2>& fixed, std::vector<pollfd>* pfds, size_t* kept_fds,
+                    size_t* watch_fds) noexcept;
   void ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noexcept;
   void AcceptQueued() noexcept;
   void AcceptFailed(int error) noexcept;

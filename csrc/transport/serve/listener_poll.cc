@@ -59,26 +59,9 @@ void ListenerImpl::Run() noexcept {
         accepting ? kPollPeriodMs : std::min(kPollPeriodMs, admission.accept_resume.RemainingMs());
     for (const Connection& c : admission.waiting)
       sleep_ms = std::min(sleep_ms, c.deadline.RemainingMs());
-    // After the waiting connections the kept ones, then (their indexes stay)
-    // every watch connection, for its hang-up, and lagging followers, whose
-    // answers and room bring Maintain back at once.
     size_t kept_fds = 0;
     size_t watch_fds = 0;
-    bool complete = true;
-    try {
-      pfds.assign(fixed.begin(), fixed.end());
-      for (const Connection& c : admission.waiting) pfds.push_back({c.fd.get(), POLLIN, 0});
-      kept_fds = pfds.size();
-      for (const Connection& c : admission.kept) pfds.push_back({c.fd.get(), POLLIN, 0});
-      watch_fds = pfds.size();
-      if (context.watchers != nullptr) context.watchers->PollFds(&pfds);
-    } catch (...) {
-      // No memory for the poll set (a noexcept thread: a throw would end
-      // the process): this turn waits on the stop fd and the listening
-      // socket only, and drops what is past its deadline; the next tries
-      // again, a poll period at most later.
-      complete = false;
-    }
+    const bool complete = BuildPollSet(fixed, &pfds, &kept_fds, &watch_fds);
     pollfd* set = complete ? pfds.data() : fixed.data();
     const size_t count = complete ? pfds.size() : fixed.size();
     const int n = ::poll(set, count, sleep_ms);
@@ -109,6 +92,28 @@ void ListenerImpl::Run() noexcept {
   admission.waiting.clear();
   for (Connection& c : admission.kept) CloseConnection(std::move(c.fd));
   admission.kept.clear();
+}
+
+// One turn's poll set: `fixed` (the stop fd, the listening socket), the
+// waiting connections, the kept ones (from `*kept_fds`), then every watch
+// connection (from `*watch_fds`), for its hang-up, and lagging followers,
+// whose answers and room bring Maintain back at once. False when there was
+// no memory for it (a noexcept thread: a throw would end the process): the
+// turn then waits on `fixed` only and drops what is past its deadline; the
+// next tries again, a poll period at most later.
+bool ListenerImpl::BuildPollSet(const std::array<pollfd, 2>& fixed, std::vector<pollfd>* pfds,
+                                size_t* kept_fds, size_t* watch_fds) noexcept {
+  try {
+    pfds->assign(fixed.begin(), fixed.end());
+    for (const Connection& c : admission.waiting) pfds->push_back({c.fd.get(), POLLIN, 0});
+    *kept_fds = pfds->size();
+    for (const Connection& c : admission.kept) pfds->push_back({c.fd.get(), POLLIN, 0});
+    *watch_fds = pfds->size();
+    if (context.watchers != nullptr) context.watchers->PollFds(pfds);
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 // Reads the requests that came on the kept connections polled (`pfds`, one

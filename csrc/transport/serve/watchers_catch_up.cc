@@ -7,22 +7,33 @@
 
 namespace vmmipc::transport {
 
+namespace {
+
+// A follower that missed more than its backlog holds gets one `unfollowed`
+// event, once its connection takes it, and is then dropped by the caller.
+void TellUnfollowed(Watcher& watcher, int stop_fd) {
+  wire::Event unfollowed;
+  unfollowed.kind = wire::EventKind::kUnfollowed;
+  bool would_block = false;
+  if (!watcher.Send(unfollowed, -1, -1, Deadline::AfterMs(0), stop_fd, &would_block)) {
+    watcher.dead = true;
+    return;
+  }
+  if (would_block) return;
+  VMMIPC_LOG_DEBUG("follow: importer {} was told to drop its mappings of this process",
+                   PeerPidText(watcher.pid));
+  watcher.lagging = false;
+  watcher.dead = true;  // the caller drops it
+}
+
+}  // namespace
+
 void Watchers::CatchUp(Watcher& watcher, int stop_fd) {
   if (!watcher.lagging || !watcher.Answered()) return;
   const Deadline now = Deadline::AfterMs(0);  // never waits: a full buffer means later
   bool would_block = false;
   if (watcher.overflowed) {
-    wire::Event unfollowed;
-    unfollowed.kind = wire::EventKind::kUnfollowed;
-    if (!watcher.Send(unfollowed, -1, -1, now, stop_fd, &would_block)) {
-      watcher.dead = true;
-      return;
-    }
-    if (would_block) return;
-    VMMIPC_LOG_DEBUG("follow: importer {} was told to drop its mappings of this process",
-                     PeerPidText(watcher.pid));
-    watcher.lagging = false;
-    watcher.dead = true;  // the caller drops it
+    TellUnfollowed(watcher, stop_fd);
     return;
   }
   // As many events as the connection takes now; the listener's poll thread
