@@ -25,7 +25,7 @@ namespace vmmipc::config {
 enum class Kind { kBool, kInt, kSize, kString, kLogLevel };
 
 // The highest rank slot: a handle carries the slot in 16 bits, and 0xFFFF
-// means unranked (state::kUnranked).
+// means unranked (ledger::kUnranked).
 inline constexpr int64_t kMaxRank = 0xFFFE;
 
 // What the layout's bases and sizes must be multiples of: the VMM granularity

@@ -52,7 +52,7 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
   const CUresult result = VMMIPC_REAL(MemMap, pointer, size, offset, handle, flags);
   if (result != CUDA_SUCCESS) return result;
   // Everything get will need, asked once here (a map costs far more anyway).
-  state::VmmMapping mapping;
+  ledger::VmmMapping mapping;
   mapping.base = pointer;
   mapping.size = size;
   mapping.offset = offset;
@@ -80,7 +80,7 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
   // mapping made at the same place by another thread right after the driver's
   // unmap is never erased by this one's late bookkeeping.
   ProcessState& state = State();
-  state::TakenMappings taken = state.exporter.mappings().Take(pointer, size);
+  ledger::TakenMappings taken = state.exporter.mappings().Take(pointer, size);
   // A pause: importers that hold these chunks unmap them first (follow).
   const bool follow = config::Get().follow;
   if (follow) FollowUnmap(state, taken);
@@ -89,7 +89,7 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
     state.exporter.mappings().Restore(taken.records);
     // The memory is still here: importers that followed the pause map it again.
     if (follow)
-      for (const state::VmmMapping& record : taken.records) FollowMap(state, record);
+      for (const ledger::VmmMapping& record : taken.records) FollowMap(state, record);
   }
   // The cached exported fds close here, outside the table's lock. The last
   // one of the process may cost the driver's export teardown

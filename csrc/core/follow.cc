@@ -60,13 +60,13 @@ using transport::wire::EventKind;
 
 }  // namespace
 
-void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
+void FollowUnmap(ProcessState& state, const ledger::TakenMappings& taken) {
   if (!state.exporter.listener_ready()) return;  // never exported
   std::vector<transport::WatchNotice> notices;
   std::vector<const std::vector<uint32_t>*> holders;
   for (size_t i = 0; i < taken.records.size(); ++i) {
     if (taken.holders[i].empty()) continue;
-    const state::VmmMapping& record = taken.records[i];
+    const ledger::VmmMapping& record = taken.records[i];
     transport::WatchNotice notice;
     notice.kind = EventKind::kPause;
     notice.base = record.base;
@@ -85,9 +85,9 @@ void FollowUnmap(ProcessState& state, const state::TakenMappings& taken) {
   }
 }
 
-void FollowMap(ProcessState& state, const state::VmmMapping& mapping) {
+void FollowMap(ProcessState& state, const ledger::VmmMapping& mapping) {
   if (!state.exporter.listener_ready()) return;
-  std::optional<state::PausedChunk> paused = state.exporter.mappings().TakePaused(mapping.base);
+  std::optional<ledger::PausedChunk> paused = state.exporter.mappings().TakePaused(mapping.base);
   if (!paused) return;
   ScopedFd fd;
   CUresult exported = CUDA_ERROR_INVALID_VALUE;

@@ -15,16 +15,16 @@
 #include <cstdint>
 
 #include "core/process_state.h"
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 
 namespace vmmipc::core {
 
 // Exporter. The cuMemUnmap hook, with the records it took out and before
 // the driver unmaps: tells the importers that hold them, waits for them.
-void FollowUnmap(ProcessState& state, const state::TakenMappings& taken);
+void FollowUnmap(ProcessState& state, const ledger::TakenMappings& taken);
 // The cuMemMap hook, once `mapping` (with its generation) is recorded: when
 // importers followed a pause of a chunk at the same base, sends them the new
 // memory and waits until they mapped it.
-void FollowMap(ProcessState& state, const state::VmmMapping& mapping);
+void FollowMap(ProcessState& state, const ledger::VmmMapping& mapping);
 
 }  // namespace vmmipc::core

@@ -1,14 +1,14 @@
 // The fields a VMM2 handle names, as transport carries them: the one place a
-// decoded handle (state/handle_codec.h) becomes the fields that its
+// decoded handle (ledger/handle_codec.h) becomes the fields that its
 // capability covers and every request for it repeats (transport/wire.h).
 #pragma once
 
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 #include "transport/wire.h"
 
 namespace vmmipc::core {
 
-inline transport::wire::HandleFields FieldsOf(const state::Vmm2Handle& h) {
+inline transport::wire::HandleFields FieldsOf(const ledger::Vmm2Handle& h) {
   return {h.pid, h.generation, h.rank_slot, h.address, h.chunk_base, h.chunk_size, h.region_base};
 }
 

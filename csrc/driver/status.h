@@ -1,7 +1,7 @@
 // Error plumbing of the layers that speak CUDA (driver, core, entry): CUresult
 // is the one status type of the library (it is what every hooked entry point
 // returns). It lives with the driver, not in common, so that the CUDA-free
-// layers (common, config, state, transport) never see a CUDA header; their
+// layers (common, config, ledger, transport) never see a CUDA header; their
 // helpers for system calls are in common/syscall.h.
 #pragma once
 

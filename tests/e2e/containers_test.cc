@@ -24,9 +24,9 @@
 
 #include "e2e_layout.h"
 #include "handle_hex.h"
+#include "ledger/handle_codec.h"
 #include "logged_peer_test.h"
 #include "peer_process.h"
-#include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
@@ -77,10 +77,10 @@ TEST_F(Containers, TwoExportersOfTheSamePidInTwoPidNamespacesBothExport) {
   const std::string b = Handle(*second, VmmBuffer(*second, "b", 1, 62));
   ASSERT_FALSE(a.empty());
   ASSERT_FALSE(b.empty()) << "the second exporter of that pid could not export";
-  const state::Vmm2Handle ha = Decode(a), hb = Decode(b);
+  const ledger::Vmm2Handle ha = Decode(a), hb = Decode(b);
   EXPECT_EQ(ha.pid, static_cast<uint32_t>(kSharedPid));
   EXPECT_EQ(hb.pid, static_cast<uint32_t>(kSharedPid));
-  EXPECT_EQ(ha.version, state::kHandleVersion);
+  EXPECT_EQ(ha.version, ledger::kHandleVersion);
   EXPECT_NE(ha.instance, hb.instance);
   OpenCheckClose(*importer, a, kChunk, 61);
   OpenCheckClose(*importer, b, kChunk, 62);
@@ -93,7 +93,7 @@ TEST_F(Containers, AVersionTwoHandleIsReadAndLooksForItsExporterByPid) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 63));
-  state::Vmm2Handle old = Decode(handle);
+  ledger::Vmm2Handle old = Decode(handle);
   old.version = 2;
   const std::string reply = importer->Call("open " + Encode(old));
   EXPECT_EQ(reply.rfind(ErrPrefix(CUDA_ERROR_INVALID_HANDLE), 0), 0u) << reply;

@@ -12,8 +12,8 @@
 
 #include "e2e_layout.h"
 #include "handle_hex.h"
+#include "ledger/handle_codec.h"
 #include "peer_process.h"
-#include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
@@ -330,8 +330,8 @@ TEST_F(EndToEnd, UnknownHandleVersionIsRefusedAsNotSupported) {
   auto exporter = Peer("0");
   auto importer = Peer("1");
   uint64_t base = VmmBuffer(*exporter, "a", 1, 19);
-  state::Vmm2Handle h = Decode(Value(exporter->Call("get " + Hex(base))));
-  h.version = state::kHandleVersion + 1;
+  ledger::Vmm2Handle h = Decode(Value(exporter->Call("get " + Hex(base))));
+  h.version = ledger::kHandleVersion + 1;
   EXPECT_EQ(importer->Call("open " + Encode(h)).substr(0, 7), "err 801");
 }
 

@@ -40,9 +40,9 @@
 
 #include "e2e_layout.h"
 #include "handle_hex.h"
+#include "ledger/handle_codec.h"
 #include "logged_peer_test.h"
 #include "peer_process.h"
-#include "state/handle_codec.h"
 
 namespace vmmipc::testing {
 namespace {
@@ -69,13 +69,13 @@ ssize_t SendWithFd(int sock, const void* bytes, size_t size, int fd) {
 
 // The exporter's abstract name "\0vmmipc.<euid>.i<instance>" (docs/protocol.md):
 // the instance of its handles.
-std::string AbstractNameOf(const state::Vmm2Handle& h, uint32_t uid = geteuid()) {
+std::string AbstractNameOf(const ledger::Vmm2Handle& h, uint32_t uid = geteuid()) {
   char instance[16];
   std::snprintf(instance, sizeof(instance), "%08x", h.instance);
   return "vmmipc." + std::to_string(uid) + ".i" + instance;
 }
 
-sockaddr_un AbstractName(const state::Vmm2Handle& h, socklen_t* length) {
+sockaddr_un AbstractName(const ledger::Vmm2Handle& h, socklen_t* length) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   const std::string name = AbstractNameOf(h);
@@ -84,7 +84,7 @@ sockaddr_un AbstractName(const state::Vmm2Handle& h, socklen_t* length) {
   return addr;
 }
 
-int ConnectTo(const state::Vmm2Handle& h) {
+int ConnectTo(const ledger::Vmm2Handle& h) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   socklen_t length = 0;
   const sockaddr_un addr = AbstractName(h, &length);
@@ -98,7 +98,7 @@ void Put(std::vector<uint8_t>* out, size_t offset, uint64_t value, int bytes) {
 }
 
 // A request of this version whose MAC is garbage: right fields, wrong proof.
-std::vector<uint8_t> RawRequest(const state::Vmm2Handle& h) {
+std::vector<uint8_t> RawRequest(const ledger::Vmm2Handle& h) {
   std::vector<uint8_t> r(80, 0);  // docs/protocol.md, version 2
   Put(&r, 0, 0x51524d56, 4);      // "VMRQ"
   Put(&r, 4, 2, 2);
@@ -133,7 +133,7 @@ class Squatter {
  public:
   enum class Mode { kForgedGrant, kBareBadToken, kGarbage, kSilent };
 
-  Squatter(Mode mode, const state::Vmm2Handle& h) : mode_(mode), handle_(h) {
+  Squatter(Mode mode, const ledger::Vmm2Handle& h) : mode_(mode), handle_(h) {
     listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     socklen_t length = 0;
     const sockaddr_un addr = AbstractName(h, &length);
@@ -205,7 +205,7 @@ class Squatter {
   }
 
   Mode mode_;
-  state::Vmm2Handle handle_;
+  ledger::Vmm2Handle handle_;
   int listen_fd_ = -1;
   int stop_[2] = {-1, -1};
   bool bound_ = false;
@@ -589,7 +589,7 @@ TEST_P(SquatterTest, SquatterOnADeadExportersNameCannotServeMemory) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "1000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 7));
-  const state::Vmm2Handle h = Decode(handle);
+  const ledger::Vmm2Handle h = Decode(handle);
   exporter->Kill();
   Squatter squatter(GetParam(), h);
   ASSERT_TRUE(squatter.bound());
@@ -656,7 +656,7 @@ pid_t AsNobody(const std::function<int()>& body) {
 
 // The root exporter's name, connected to by hand: another user's client would
 // not find it under its own uid's name.
-int ConnectToRootsName(const state::Vmm2Handle& h) {
+int ConnectToRootsName(const ledger::Vmm2Handle& h) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -679,7 +679,7 @@ TEST_F(Fault, ClientOfAnotherUidGetsOnlyAWrongUserRefusal) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 8));
-  const state::Vmm2Handle h = Decode(handle);
+  const ledger::Vmm2Handle h = Decode(handle);
   const std::vector<uint8_t> request = RawRequest(h);
   int sent[2];
   ASSERT_EQ(pipe2(sent, O_CLOEXEC), 0);
@@ -715,7 +715,7 @@ TEST_F(Fault, SilentPeersOfAnotherUidCannotStallTheExporter) {
   auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "3000"}});
   auto importer = Peer("importer", "1", {{"VMMIPC_TIMEOUT_MS", "10000"}});
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 21));
-  const state::Vmm2Handle h = Decode(handle);
+  const ledger::Vmm2Handle h = Decode(handle);
   int ready[2], release[2];
   ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
   ASSERT_EQ(pipe2(release, O_CLOEXEC), 0);
@@ -887,7 +887,7 @@ TEST_F(Fault, SquatterOfAnotherUidGetsNotEvenTheRequest) {
   auto exporter = Peer("exporter", "0");
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 9));
-  const state::Vmm2Handle h = Decode(handle);
+  const ledger::Vmm2Handle h = Decode(handle);
   exporter->Kill();
   // Another user binds our uid's name for the dead pid (abstract names are
   // not access-checked) and reports whether a request ever reached it.
@@ -984,19 +984,19 @@ TEST_F(Fault, EditedHandlesAreRefusedAndTakeNoSlot) {
   const std::string b = Handle(*exporter, VmmBuffer(*exporter, "b", 2, 21));
   const std::string genuine_rank1 = Handle(*rank1, VmmBuffer(*rank1, "c", 1, 22));
   const Resources before = Held(*importer);
-  std::vector<std::pair<std::string, state::Vmm2Handle>> edits;
-  state::Vmm2Handle h = Decode(a);
+  std::vector<std::pair<std::string, ledger::Vmm2Handle>> edits;
+  ledger::Vmm2Handle h = Decode(a);
   h.rank_slot = 1;  // into rank 1's slot
   edits.emplace_back("rank slot", h);
   h = Decode(a);
-  h.rank_slot = state::kUnranked;
+  h.rank_slot = ledger::kUnranked;
   edits.emplace_back("rank slot to unranked", h);
   h = Decode(a);
   h.region_base = h.chunk_base - kChunk;  // another place in the slot
   edits.emplace_back("region base", h);
   // Buffer b's chunk, its generation known from b's own handle, under a's
   // capability: what a holder of a alone should never reach.
-  const state::Vmm2Handle hb = Decode(b);
+  const ledger::Vmm2Handle hb = Decode(b);
   h = Decode(a);
   h.address = h.chunk_base = hb.chunk_base;
   h.chunk_size = hb.chunk_size;
@@ -1033,11 +1033,11 @@ TEST_F(Fault, StaleTokenAsAfterPidReuseIsRefusedAsInvalidHandle) {
   // The same pid with another capability (a new process that got the pid),
   // and a handle whose instance (its socket's name) is another live vmmipc
   // process's.
-  state::Vmm2Handle stale = Decode(handle);
+  ledger::Vmm2Handle stale = Decode(handle);
   stale.capability ^= 0x1;
-  state::Vmm2Handle reused = Decode(handle);
+  ledger::Vmm2Handle reused = Decode(handle);
   reused.instance = Decode(Handle(*other, VmmBuffer(*other, "c", 1, 12))).instance;
-  for (const state::Vmm2Handle& h : {stale, reused}) {
+  for (const ledger::Vmm2Handle& h : {stale, reused}) {
     EXPECT_TRUE(
         StartsWith(importer->Call("open " + Encode(h)), ErrPrefix(CUDA_ERROR_INVALID_HANDLE)));
   }
@@ -1110,7 +1110,7 @@ TEST_F(Fault, TruncatedMalformedOrFdCarryingRequestsAreDroppedAndTheExporterKeep
   auto exporter = Peer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
   auto importer = Peer("importer", "1");
   const std::string handle = Handle(*exporter, VmmBuffer(*exporter, "a", 1, 13));
-  const state::Vmm2Handle h = Decode(handle);
+  const ledger::Vmm2Handle h = Decode(handle);
   // Served once first, so that the chunk's exported fd is in the exporter's
   // cache (kept until the chunk is unmapped) before its fds are counted.
   OpenCheckClose(*importer, handle, kChunk, 13);
@@ -1319,7 +1319,7 @@ TEST_F(Fault, RunBeyondItsSlotIsPlacedBestEffortWithCorrectData) {
   const uint64_t large = VmmBuffer(*exporter, "large", 8, 17);
   const std::string small_handle = Handle(*exporter, small);
   const std::string large_handle = Handle(*exporter, large + 7 * kChunk);
-  const state::Vmm2Handle s = Decode(small_handle);
+  const ledger::Vmm2Handle s = Decode(small_handle);
   ASSERT_EQ(s.chunk_base, s.region_base) << "the small buffer starts its region";
 
   const uint64_t small_ptr = Num(Value(importer->Call("open " + small_handle)));
@@ -1571,8 +1571,8 @@ TEST_F(Fault, ForkedExporterChildExportsThroughItsOwnListenerAndTheParentKeepsSe
   std::istringstream words(Value(forked));
   std::string child_pid, child_handle;
   words >> child_pid >> child_handle;
-  const state::Vmm2Handle child = Decode(child_handle);
-  const state::Vmm2Handle parent = Decode(parent_handle);
+  const ledger::Vmm2Handle child = Decode(child_handle);
+  const ledger::Vmm2Handle parent = Decode(parent_handle);
   EXPECT_EQ(child.pid, Num(child_pid));
   EXPECT_NE(child.instance, parent.instance) << "a forked child must not keep its parent's id";
 

@@ -6,22 +6,22 @@
 #include <cstdio>
 #include <string>
 
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 
 namespace vmmipc::testing {
 
-inline state::Vmm2Handle Decode(const std::string& hex) {
-  unsigned char bytes[state::kHandleSize] = {};
-  for (size_t i = 0; i < state::kHandleSize && 2 * i + 1 < hex.size(); ++i)
+inline ledger::Vmm2Handle Decode(const std::string& hex) {
+  unsigned char bytes[ledger::kHandleSize] = {};
+  for (size_t i = 0; i < ledger::kHandleSize && 2 * i + 1 < hex.size(); ++i)
     bytes[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-  state::Vmm2Handle h;
-  EXPECT_EQ(state::DecodeHandle(bytes, &h), state::DecodeStatus::kOk) << hex;
+  ledger::Vmm2Handle h;
+  EXPECT_EQ(ledger::DecodeHandle(bytes, &h), ledger::DecodeStatus::kOk) << hex;
   return h;
 }
 
-inline std::string Encode(const state::Vmm2Handle& h) {
-  unsigned char bytes[state::kHandleSize];
-  state::EncodeHandle(h, bytes);
+inline std::string Encode(const ledger::Vmm2Handle& h) {
+  unsigned char bytes[ledger::kHandleSize];
+  ledger::EncodeHandle(h, bytes);
   std::string hex;
   char two[3];
   for (unsigned char b : bytes) {

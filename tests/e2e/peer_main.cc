@@ -44,9 +44,9 @@
 #include <thread>
 #include <vector>
 
+#include "ledger/handle_codec.h"
 #include "raw_follower.h"
 #include "sim_introspect.h"
-#include "state/handle_codec.h"
 
 namespace {
 
@@ -650,12 +650,12 @@ std::string Reap(pid_t pid) {
 // on (the listener serving an importer); each child logs through vmmipc (a malformed
 // VMM2 handle: no driver call) and exit()s, under a 10 s alarm. Answers how they ended.
 std::string ForkStorm(int n, IpcFns* fns) {
-  vmmipc::state::Vmm2Handle malformed;
+  vmmipc::ledger::Vmm2Handle malformed;
   malformed.pid = 1;
   malformed.capability = 0;  // capability 0: refused by the decoder, with a warning line
   malformed.chunk_size = 1;
   CUipcMemHandle h = {};
-  vmmipc::state::EncodeHandle(malformed, reinterpret_cast<unsigned char*>(h.reserved));
+  vmmipc::ledger::EncodeHandle(malformed, reinterpret_cast<unsigned char*>(h.reserved));
   int exited = 0;
   std::string other;
   std::cout.flush();
@@ -1095,15 +1095,15 @@ std::string Run(const std::vector<std::string>& a, IpcFns* fns) {
   if (cmd == "decode") {  // hex: the VMM2 fields, for the demo
     CUipcMemHandle raw = {};
     if (!HexToHandle(a.at(1), &raw)) return "err bad hex";
-    vmmipc::state::Vmm2Handle h;
+    vmmipc::ledger::Vmm2Handle h;
     auto status =
-        vmmipc::state::DecodeHandle(reinterpret_cast<const unsigned char*>(raw.reserved), &h);
-    if (status != vmmipc::state::DecodeStatus::kOk)
-      return std::string("err ") + vmmipc::state::DecodeStatusName(status);
+        vmmipc::ledger::DecodeHandle(reinterpret_cast<const unsigned char*>(raw.reserved), &h);
+    if (status != vmmipc::ledger::DecodeStatus::kOk)
+      return std::string("err ") + vmmipc::ledger::DecodeStatusName(status);
     std::ostringstream out;
     out << "ok version=" << int(h.version) << " rank_slot="
-        << (h.rank_slot == vmmipc::state::kUnranked ? std::string("unranked")
-                                                    : std::to_string(h.rank_slot))
+        << (h.rank_slot == vmmipc::ledger::kUnranked ? std::string("unranked")
+                                                     : std::to_string(h.rank_slot))
         << " pid=" << h.pid << " generation=" << h.generation << " address=" << Hex(h.address)
         << " chunk=" << Hex(h.chunk_base) << "+" << Hex(h.chunk_size)
         << " region_base=" << Hex(h.region_base);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/scoped_fd.h"
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 #include "transport/client/fetch_client.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"
@@ -137,12 +137,12 @@ class RawFollower {
 
  private:
   static bool Request(const std::string& hex, transport::FetchRequest* request) {
-    unsigned char raw[state::kHandleSize];
-    if (hex.size() != 2 * state::kHandleSize) return false;
-    for (size_t i = 0; i < state::kHandleSize; ++i)
+    unsigned char raw[ledger::kHandleSize];
+    if (hex.size() != 2 * ledger::kHandleSize) return false;
+    for (size_t i = 0; i < ledger::kHandleSize; ++i)
       raw[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-    state::Vmm2Handle h;
-    if (state::DecodeHandle(raw, &h) != state::DecodeStatus::kOk) return false;
+    ledger::Vmm2Handle h;
+    if (ledger::DecodeHandle(raw, &h) != ledger::DecodeStatus::kOk) return false;
     *request = {
         {h.pid, h.generation, h.rank_slot, h.address, h.chunk_base, h.chunk_size, h.region_base},
         h.capability,

@@ -1,4 +1,4 @@
-// Fuzz target: the VMM2 handle decoder (state/handle_codec), the first code
+// Fuzz target: the VMM2 handle decoder (ledger/handle_codec), the first code
 // that touches the 64 bytes a peer hands to cuIpcOpenMemHandle.
 // Input: one mode byte (bit 0: recompute the CRC so that the field checks
 // behind it are reached), then the handle's bytes (zero-padded to 64).
@@ -9,13 +9,13 @@
 
 #include "common/crc32c.h"
 #include "fuzz_util.h"
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 
 namespace vmmipc::fuzz {
 namespace {
 
-using state::DecodeStatus;
-using state::kHandleSize;
+using ledger::DecodeStatus;
+using ledger::kHandleSize;
 
 uint32_t Le32(const unsigned char* p) {
   return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
@@ -24,18 +24,18 @@ uint32_t Le32(const unsigned char* p) {
 void CheckOne(const unsigned char bytes[kHandleSize]) {
   // A heap copy of exactly 64 bytes: ASan catches any read past the handle.
   std::vector<unsigned char> exact(bytes, bytes + kHandleSize);
-  state::Vmm2Handle h;
+  ledger::Vmm2Handle h;
   h.pid = 0xdeadbeef;  // must stay untouched unless kOk
-  const DecodeStatus status = state::DecodeHandle(exact.data(), &h);
-  FUZZ_CHECK(state::DecodeStatusName(status) != nullptr);
+  const DecodeStatus status = ledger::DecodeHandle(exact.data(), &h);
+  FUZZ_CHECK(ledger::DecodeStatusName(status) != nullptr);
 
-  const bool magic = Le32(bytes) == state::kHandleMagic;
+  const bool magic = Le32(bytes) == ledger::kHandleMagic;
   const bool crc = Le32(bytes + 60) == Crc32c(bytes, 60);
   if (!magic) {
     FUZZ_CHECK(status == DecodeStatus::kNotVmm2);
   } else if (!crc) {
     FUZZ_CHECK(status == DecodeStatus::kBadChecksum);
-  } else if (bytes[4] < state::kOldestHandleVersion || bytes[4] > state::kHandleVersion) {
+  } else if (bytes[4] < ledger::kOldestHandleVersion || bytes[4] > ledger::kHandleVersion) {
     FUZZ_CHECK(status == DecodeStatus::kUnknownVersion);
   } else {
     FUZZ_CHECK(status == DecodeStatus::kOk || status == DecodeStatus::kMalformed);
@@ -45,7 +45,7 @@ void CheckOne(const unsigned char bytes[kHandleSize]) {
     return;
   }
   // Every rule of a valid handle.
-  FUZZ_CHECK(h.version >= state::kOldestHandleVersion && h.version <= state::kHandleVersion &&
+  FUZZ_CHECK(h.version >= ledger::kOldestHandleVersion && h.version <= ledger::kHandleVersion &&
              h.flags == 0);
   FUZZ_CHECK(h.capability != 0 && h.instance != 0 && h.pid != 0);
   FUZZ_CHECK(h.chunk_size != 0 && h.address >= h.chunk_base &&
@@ -53,14 +53,14 @@ void CheckOne(const unsigned char bytes[kHandleSize]) {
   FUZZ_CHECK(h.region_base <= h.chunk_base);
   // Round trip, byte for byte: every byte of a valid handle is defined.
   unsigned char again[kHandleSize];
-  state::EncodeHandle(h, again);
+  ledger::EncodeHandle(h, again);
   FUZZ_CHECK(std::memcmp(again, bytes, kHandleSize) == 0);
-  state::Vmm2Handle twice;
-  FUZZ_CHECK(state::DecodeHandle(again, &twice) == DecodeStatus::kOk && twice == h);
+  ledger::Vmm2Handle twice;
+  FUZZ_CHECK(ledger::DecodeHandle(again, &twice) == DecodeStatus::kOk && twice == h);
 }
 
 void WriteSeeds() {
-  state::Vmm2Handle h;
+  ledger::Vmm2Handle h;
   h.rank_slot = 1;
   h.pid = 4242;
   h.generation = 7;
@@ -70,25 +70,25 @@ void WriteSeeds() {
   h.chunk_size = 0x200000;
   h.address = h.chunk_base + 0x1000;
   h.region_base = 0x7f0000000000ull;
-  auto seed = [](const char* name, uint8_t mode, const state::Vmm2Handle& handle) {
+  auto seed = [](const char* name, uint8_t mode, const ledger::Vmm2Handle& handle) {
     Writer w;
     w.U8(mode);
     unsigned char bytes[kHandleSize];
-    state::EncodeHandle(handle, bytes);
+    ledger::EncodeHandle(handle, bytes);
     w.Append(std::span<const uint8_t>(bytes, kHandleSize));
     WriteSeed(name, w.bytes);
   };
   seed("valid_ranked", 0, h);
-  state::Vmm2Handle unranked = h;
-  unranked.rank_slot = state::kUnranked;
+  ledger::Vmm2Handle unranked = h;
+  unranked.rank_slot = ledger::kUnranked;
   seed("valid_unranked", 0, unranked);
-  state::Vmm2Handle future = h;
-  future.version = state::kHandleVersion + 1;
+  ledger::Vmm2Handle future = h;
+  future.version = ledger::kHandleVersion + 1;
   seed("future_version", 0, future);
-  state::Vmm2Handle outside = h;
+  ledger::Vmm2Handle outside = h;
   outside.address = h.chunk_base + h.chunk_size;  // just past its chunk
   seed("address_outside_chunk_fix_crc", 1, outside);
-  state::Vmm2Handle wrap = h;
+  ledger::Vmm2Handle wrap = h;
   wrap.chunk_base = ~0ull - 0xfff;
   wrap.address = wrap.chunk_base + 0x10;
   wrap.chunk_size = 0x10000;  // chunk wraps around the address space
@@ -113,8 +113,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   vmmipc::fuzz::Reader in(data, size);
   const uint8_t mode = in.U8();
-  unsigned char bytes[vmmipc::state::kHandleSize] = {};
-  const std::vector<uint8_t> body = in.Bytes(vmmipc::state::kHandleSize);
+  unsigned char bytes[vmmipc::ledger::kHandleSize] = {};
+  const std::vector<uint8_t> body = in.Bytes(vmmipc::ledger::kHandleSize);
   if (!body.empty()) std::memcpy(bytes, body.data(), body.size());
   if (mode & 1) {
     const uint32_t crc = vmmipc::Crc32c(bytes, 60);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The layers below core that must not know CUDA (docs/architecture.md): every
-# source and header of common/, config/, state/ and transport/ compiles with a
+# source and header of common/, config/, ledger/ and transport/ compiles with a
 # cuda.h that stops the compiler, first on the include path (a header no source
 # of its layer includes is checked too). Usage: cuda_free_layers.sh CXX SRC_DIR
 # [-Idir...] (the include dirs of fmt and spdlog when they are not the system's).
@@ -23,11 +23,11 @@ check_one() {  # file: prints FAIL and the first errors when it does not compile
 }
 export -f check_one
 export CXX=$cxx SRC=$src FAKE=$fake EXTRA="$*"
-report=$(for layer in common config state transport; do
+report=$(for layer in common config ledger transport; do
            find "$src/csrc/$layer" -name "*.cc" -print0 -o -name "*.h" -print0
          done | xargs -0 -n 1 -P "$(nproc)" bash -c 'check_one "$0"')
 if [ -n "$report" ]; then
   echo "$report"
   exit 1
 fi
-echo "common, config, state and transport need no CUDA header"
+echo "common, config, ledger and transport need no CUDA header"

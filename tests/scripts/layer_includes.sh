@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The layers of docs/architecture.md include only downward along its arrows:
-# entry -> core -> state / driver / transport / config -> common, with no
+# entry -> core -> ledger / driver / transport / config -> common, with no
 # include between the four middle layers and none back up. Inside core, the
 # sides keep apart: core/import includes nothing of core/export or core/arena,
 # core/export nothing of core/import, core/arena nothing of either; and core's
@@ -17,8 +17,8 @@ set -euo pipefail
 src=$1
 declare -A allowed=(
   [entry]="entry core common"
-  [core]="core state driver transport config common"
-  [state]="state common"
+  [core]="core ledger driver transport config common"
+  [ledger]="ledger common"
   [driver]="driver common"
   [transport]="transport common"
   [config]="config common"

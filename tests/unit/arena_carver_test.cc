@@ -1,11 +1,11 @@
 // First-fit carving: deterministic offsets, alignment, exact frees, coalescing.
-#include "state/arena_carver.h"
+#include "ledger/arena_carver.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
@@ -70,4 +70,4 @@ TEST(ArenaCarver, FindNamesTheCarveHoldingAnOffset) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -40,7 +40,7 @@
 
 #include "common/scoped_fd.h"
 #include "core/process_state.h"
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 #include "transport/client/fetch_client.h"
 #include "transport/client/watch_client.h"
 #include "transport/serve/watchers.h"
@@ -187,9 +187,9 @@ struct Exported {
 };
 Exported ExportThree(ProcessState& state, uint64_t first_base) {
   Exported out;
-  state::VmmMappings& table = state.exporter.mappings();
+  ledger::VmmMappings& table = state.exporter.mappings();
   for (uint64_t i = 0; i < 3; ++i) {
-    state::VmmMapping mapping;
+    ledger::VmmMapping mapping;
     mapping.base = first_base + i * kChunk;
     mapping.size = kChunk;
     mapping.posix_fd_exportable = true;

@@ -20,11 +20,11 @@ namespace {
 // on the test's stack, or LeakSanitizer would see the state through it.
 [[gnu::noinline]] uint64_t StateWithAnImport() {
   ProcessState& state = State();
-  state::OpenRecord record;
+  ledger::OpenRecord record;
   record.pointer = 0x7f0000000000;
   record.key.exporter = {1234, 0x5eed};
   record.opens = 1;
-  std::vector<state::MappedChunk> chunks;
+  std::vector<ledger::MappedChunk> chunks;
   for (uint64_t i = 0; i < 3; ++i) {
     const uint64_t target = 0x7f0000000000 + i * 0x200000;
     chunks.push_back({target, 0x200000, record.key.exporter, 0x10000000 + i * 0x200000, 1, 0});

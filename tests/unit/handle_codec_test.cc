@@ -1,6 +1,6 @@
 // The VMM2 handle: round trip, every byte defined, and every way a handle can
 // be wrong (legacy bytes, corruption, unknown version, contradicting fields).
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "common/crc32c.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 Vmm2Handle Sample() {
@@ -155,4 +155,4 @@ TEST(HandleCodec, ContradictingFieldsAreMalformed) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,14 +1,14 @@
 // Reference counting of imports: every open matched by one close, shared
 // chunks freed by their last user, stale or overlapping chunks detected.
-#include "state/import_table.h"
+#include "ledger/import_table.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "state/chunk_generations.h"
+#include "ledger/chunk_generations.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kChunk = 2 << 20;
@@ -177,4 +177,4 @@ TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,9 +1,9 @@
 // Import-zone arithmetic, including hostile values from a peer's handle.
-#include "state/import_zone.h"
+#include "ledger/import_zone.h"
 
 #include <gtest/gtest.h>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kTiB = 1ull << 40;
@@ -46,4 +46,4 @@ TEST(ImportZone, ContainsCoversExactlyTheZone) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,12 +1,12 @@
-// state/in_flight_opens: the events an open in flight missed, and how they
+// ledger/in_flight_opens: the events an open in flight missed, and how they
 // change the run it fetched (issue 24: an open in flight during a pause must
 // neither map the released memory nor miss the resume).
-#include "state/in_flight_opens.h"
+#include "ledger/in_flight_opens.h"
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kChunk = 0x200000;
@@ -122,4 +122,4 @@ TEST(ApplyFollowEvents, PauseResumePauseEndsPaused) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

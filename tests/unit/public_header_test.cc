@@ -3,10 +3,10 @@
 
 #include <string>
 
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 #include "vmmipc/vmmipc.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 TEST(PublicHeader, RecognisesHandlesAndReadsTheRankSlot) {
@@ -34,4 +34,4 @@ TEST(PublicHeader, VersionMatchesTheProject) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -2,7 +2,7 @@
 // removal by range, a new generation for every new mapping, and the
 // exported-fd cache (one export per chunk, a dup per grant, closed with the
 // mapping, bounded, emptied in a forked child).
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
@@ -67,11 +67,11 @@ TEST(VmmMappings, ANewMappingReplacesStaleOverlappingRecords) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger
 
 // --- the exported-fd cache ----------------------------------------------------------------------
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 int OpenFds() {
@@ -196,4 +196,4 @@ TEST(VmmMappingsFdCache, AForkedChildClosesItsCopiesOfTheCache) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

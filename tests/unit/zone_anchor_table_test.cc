@@ -1,13 +1,13 @@
 // The page-table anchors' bookkeeping: which stretches a range touches, the
 // part of a stretch inside a slot, where a free spot is, and the import
 // table's view of a stretch.
-#include "state/zone_anchor_table.h"
+#include "ledger/zone_anchor_table.h"
 
 #include <gtest/gtest.h>
 
-#include "state/import_table.h"
+#include "ledger/import_table.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
@@ -115,4 +115,4 @@ TEST(ZoneAnchorTable, ImportTableListsTheChunksOverlappingARange) {
 }
 
 }  // namespace
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

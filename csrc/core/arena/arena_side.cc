@@ -11,7 +11,7 @@ std::optional<uint64_t> ArenaSide::Take(uint64_t size, uint64_t alignment, Reser
     state_ = State::kUnavailable;
     if (std::optional<Region> region = reserve()) {
       base_ = region->base;
-      carver_ = std::make_unique<state::ArenaCarver>(region->size);
+      carver_ = std::make_unique<ledger::ArenaCarver>(region->size);
       state_ = State::kReserved;
     }
   }
@@ -38,7 +38,7 @@ ArenaSide::Freed ArenaSide::Give(uint64_t pointer, uint64_t size) {
 bool ArenaSide::Find(uint64_t address, ArenaCarveInfo* info) {
   std::lock_guard<std::mutex> lock(arena_mutex_);
   if (state_ != State::kReserved || address < base_) return false;
-  std::optional<state::Carve> carve = carver_->Find(address - base_);
+  std::optional<ledger::Carve> carve = carver_->Find(address - base_);
   if (!carve) return false;
   info->arena_base = base_;
   info->base = base_ + carve->offset;

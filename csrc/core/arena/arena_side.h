@@ -12,7 +12,7 @@
 #include <mutex>
 #include <optional>
 
-#include "state/arena_carver.h"
+#include "ledger/arena_carver.h"
 
 namespace vmmipc::core {
 
@@ -52,7 +52,7 @@ class ArenaSide {
   std::mutex arena_mutex_;
   State state_ = State::kUntried;
   uint64_t base_ = 0;
-  std::unique_ptr<state::ArenaCarver> carver_;
+  std::unique_ptr<ledger::ArenaCarver> carver_;
   bool exhausted_warned_ = false;
 };
 

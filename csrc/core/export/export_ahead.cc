@@ -23,7 +23,7 @@ namespace {
 // exchange them, then open: the exports run while the handles travel.
 void ExportAhead(uint64_t address) {
   ExportSide& exporter = Exporter();
-  std::optional<state::VmmMapping> chunk = exporter.mappings().Find(address);
+  std::optional<ledger::VmmMapping> chunk = exporter.mappings().Find(address);
   if (!chunk || chunk->fd_cached || !chunk->posix_fd_exportable) return;
   ScopedFd fd;  // the dup FdForChunk hands back; only the cached copy is kept
   if (FdForChunk(exporter, *chunk, &fd) != CUDA_SUCCESS)

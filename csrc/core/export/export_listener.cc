@@ -46,7 +46,7 @@ std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportS
     ExportSide& exporter = Exporter();
     UseExportContext(exporter);
     ScopedFd fd;
-    const std::optional<state::VmmMapping> mapping = exporter.mappings().Find(base);
+    const std::optional<ledger::VmmMapping> mapping = exporter.mappings().Find(base);
     if (!mapping || mapping->base != base || mapping->generation != generation ||
         !mapping->posix_fd_exportable || FdForChunk(exporter, *mapping, &fd) != CUDA_SUCCESS)
       return ScopedFd();

@@ -35,17 +35,17 @@
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "core/arena/arena_side.h"
-#include "state/chunk_generations.h"
-#include "state/vmm_mappings.h"
+#include "ledger/chunk_generations.h"
+#include "ledger/vmm_mappings.h"
 #include "transport/serve/listener.h"
 
 namespace vmmipc::core {
 
 class ExportSide {
  public:
-  state::ChunkGenerations& generations() { return generations_; }
+  ledger::ChunkGenerations& generations() { return generations_; }
   // Own VMM mappings, from the cuMemMap/cuMemUnmap hooks.
-  state::VmmMappings& mappings() { return mappings_; }
+  ledger::VmmMappings& mappings() { return mappings_; }
   // The export arena (core/arena/export_arena.h).
   ArenaSide& arena() { return arena_; }
 
@@ -113,8 +113,8 @@ class ExportSide {
   // More queued than this and a get no longer queues.
   static constexpr size_t kMaxExportAhead = 4096;
 
-  state::ChunkGenerations generations_;
-  state::VmmMappings mappings_;
+  ledger::ChunkGenerations generations_;
+  ledger::VmmMappings mappings_;
   ArenaSide arena_;
 
   std::mutex export_mutex_;

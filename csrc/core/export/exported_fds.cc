@@ -1,4 +1,4 @@
-// The driver side of the exported-fd cache (state/vmm_mappings.h keeps the
+// The driver side of the exported-fd cache (ledger/vmm_mappings.h keeps the
 // fds): an fd for a tracked chunk, a dup of the cached one, or exported once.
 #include "core/export/exported_fds.h"
 
@@ -34,7 +34,7 @@ CUresult ExportAt(uint64_t base, ScopedFd* fd) {
 
 // An fd for one tracked chunk: a dup of the cached export when there is one
 // (no driver call), else a fresh export that is cached for the next grant.
-CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, ScopedFd* fd) {
+CUresult FdForChunk(ExportSide& exporter, const ledger::VmmMapping& chunk, ScopedFd* fd) {
   *fd = exporter.mappings().DupCachedFd(chunk.base, chunk.generation);
   if (fd->valid()) {
     stats::Count(stats::Counter::kFdCacheGrants);

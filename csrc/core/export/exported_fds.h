@@ -10,13 +10,13 @@
 
 #include "common/scoped_fd.h"
 #include "core/export/export_side.h"
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 
 namespace vmmipc::core {
 
 // A dup of the chunk's cached exported fd (no driver call), else a fresh
 // export that is cached for the next grant. Racing callers export once.
-CUresult FdForChunk(ExportSide& exporter, const state::VmmMapping& chunk, ScopedFd* fd);
+CUresult FdForChunk(ExportSide& exporter, const ledger::VmmMapping& chunk, ScopedFd* fd);
 
 // For a listener thread about to export or describe chunks: makes the context
 // of the first export current on it, once per thread.

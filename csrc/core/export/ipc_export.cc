@@ -13,7 +13,7 @@
 #include "core/identity.h"
 #include "core/real.h"
 #include "core/stats.h"
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 #include "transport/wire.h"
 
 namespace vmmipc::core {
@@ -55,7 +55,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
     stats::Count(stats::Counter::kExportRefusedNoListener);
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
-  state::Vmm2Handle handle;
+  ledger::Vmm2Handle handle;
   handle.rank_slot = SlotForExport(self, chunk.device);
   handle.pid = self.pid;
   handle.generation = chunk.generation;
@@ -67,7 +67,7 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   // The handle grants what it names, nothing else (docs/security.md): the
   // listener serves a request only under this MAC of exactly these fields.
   handle.capability = transport::wire::Capability(self.secret, FieldsOf(handle));
-  state::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
+  ledger::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
   if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(exporter, chunk.base);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,

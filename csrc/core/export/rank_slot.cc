@@ -7,13 +7,13 @@
 #include "config/params.h"
 #include "core/real.h"
 #include "driver/host_gpus.h"
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 
 namespace vmmipc::core {
 namespace {
 
 // Params::SlotFor's bound is the highest slot a handle can say.
-static_assert(config::kMaxRank + 1 == state::kUnranked);
+static_assert(config::kMaxRank + 1 == ledger::kUnranked);
 
 constexpr int32_t kNotAsked = 0;
 constexpr int32_t kNoSlot = -1;
@@ -57,7 +57,7 @@ uint16_t SlotForExport(Identity& self, int32_t device) {
   if (self.rank >= 0) return static_cast<uint16_t>(self.rank);
   const config::Params& params = config::Get();
   if (!params.slot_from_gpu() || device < 0 || device >= Identity::kMaxSlotDevices)
-    return state::kUnranked;
+    return ledger::kUnranked;
   std::atomic<int32_t>& cached = self.gpu_slots[device];
   int32_t slot = cached.load(std::memory_order_acquire);
   if (slot == kNotAsked) {
@@ -69,7 +69,7 @@ uint16_t SlotForExport(Identity& self, int32_t device) {
       cached.store(slot, std::memory_order_release);
     }
   }
-  return slot == kNoSlot ? state::kUnranked : static_cast<uint16_t>(slot - 1);
+  return slot == kNoSlot ? ledger::kUnranked : static_cast<uint16_t>(slot - 1);
 }
 
 }  // namespace vmmipc::core

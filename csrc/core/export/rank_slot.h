@@ -1,9 +1,9 @@
 // The rank slot a VMM2 handle carries, which decides where importers place
-// the memory (state/import_zone.h): the process's rank from a variable
+// the memory (ledger/import_zone.h): the process's rank from a variable
 // (VMMIPC_RANK, LOCAL_RANK, RANK), else, when VMMIPC_RANK_FROM is auto or
 // gpu, the index among the host's GPUs of the GPU that holds the exported
 // memory (driver/host_gpus.h), found once per device and logged once; else
-// none (state::kUnranked), and importers place the memory best-effort.
+// none (ledger::kUnranked), and importers place the memory best-effort.
 #pragma once
 
 #include <cstdint>

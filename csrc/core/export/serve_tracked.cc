@@ -17,8 +17,8 @@ void SnapshotRun(ExportSide& exporter, Serving* serving) {
 
 bool CheckRun(Serving* serving) {
   const transport::ServeRequest& request = serving->request;
-  std::vector<state::VmmMapping>& run = serving->run;
-  const state::VmmMapping& first = run.front();
+  std::vector<ledger::VmmMapping>& run = serving->run;
+  const ledger::VmmMapping& first = run.front();
   if (first.generation != request.generation || request.address - first.base >= first.size)
     return Refuse(serving, transport::RefuseReason::kFreed,
                   fmt::format("the chunk at 0x{:x} was freed and re-created since the handle was "
@@ -36,13 +36,13 @@ bool CheckRun(Serving* serving) {
                   fmt::format("the run from 0x{:x} has more than {} chunks", run.front().base,
                               kMaxChunksPerRun));
   // Before any fd is exported for it.
-  for (const state::VmmMapping& chunk : run)
+  for (const ledger::VmmMapping& chunk : run)
     if (chunk.offset != 0) return RefuseOffset(serving, chunk.base, chunk.offset);
   return true;
 }
 
 bool GrantRun(ExportSide& exporter, Serving* serving) {
-  for (const state::VmmMapping& chunk : serving->run) {
+  for (const ledger::VmmMapping& chunk : serving->run) {
     if (!chunk.posix_fd_exportable)
       return Refuse(serving, transport::RefuseReason::kExportFailed,
                     fmt::format("chunk 0x{:x} was created without POSIX fd export", chunk.base));
@@ -61,7 +61,7 @@ bool GrantRun(ExportSide& exporter, Serving* serving) {
 
 bool HoldRun(ExportSide& exporter, Serving* serving) {
   // Follow: who holds each chunk, to be told when it is unmapped, recorded
-  // in the same step as the last check (state/vmm_mappings.h).
+  // in the same step as the last check (ledger/vmm_mappings.h).
   const uint32_t follower = config::Get().follow ? serving->request.follower : 0;
   if (!exporter.mappings().StillMapped(serving->run, follower))
     return Refuse(serving, transport::RefuseReason::kFreed,

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/export/export_side.h"
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 #include "transport/serve/serve_handler.h"
 
 namespace vmmipc::core {
@@ -30,7 +30,7 @@ struct Serving {
   const transport::ServeRequest& request;
   // snapshot, then check: the tracked run from the handle's chunk (empty:
   // memory vmmipc did not see mapped)
-  std::vector<state::VmmMapping> run;
+  std::vector<ledger::VmmMapping> run;
   // grant (or describe): each chunk with its fd; a refusal when a step ended it
   transport::ServeReply reply;
 };

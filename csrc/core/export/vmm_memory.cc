@@ -25,7 +25,7 @@ CUresult ExportRegionOf(uint64_t address, uint64_t* region_base, uint64_t* regio
 }
 
 bool DescribeTracked(uint64_t address, ChunkInfo* info) {
-  std::optional<state::VmmMapping> mapping = Exporter().mappings().Find(address);
+  std::optional<ledger::VmmMapping> mapping = Exporter().mappings().Find(address);
   if (!mapping) return false;
   info->base = mapping->base;
   info->size = mapping->size;

@@ -29,13 +29,14 @@ using transport::wire::AckStatus;
 using transport::wire::Event;
 using transport::wire::EventKind;
 
-AckStatus FollowPause(ImportSide& importer, const state::ExporterId& exporter, const Event& event) {
-  const std::vector<state::MappedChunk> chunks =
+AckStatus FollowPause(ImportSide& importer, const ledger::ExporterId& exporter,
+                      const Event& event) {
+  const std::vector<ledger::MappedChunk> chunks =
       importer.Pause(exporter, event.base, event.generation);
   if (chunks.empty()) return AckStatus::kNotHeld;
   // The mapping goes; the range stays reserved (zone slot or the open's own
   // reservation) for the resume. Touching it now faults, as on the exporter.
-  for (const state::MappedChunk& chunk : chunks) {
+  for (const ledger::MappedChunk& chunk : chunks) {
     UnmapChunk(chunk.target, chunk.size);
     stats::Count(stats::Counter::kFollowPauses);
   }
@@ -44,12 +45,12 @@ AckStatus FollowPause(ImportSide& importer, const state::ExporterId& exporter, c
   return AckStatus::kDone;
 }
 
-AckStatus FollowResume(ImportSide& importer, const state::ExporterId& exporter, const Event& event,
+AckStatus FollowResume(ImportSide& importer, const ledger::ExporterId& exporter, const Event& event,
                        int fd) {
-  const std::vector<state::MappedChunk> chunks = importer.PausedAt(exporter, event.base);
+  const std::vector<ledger::MappedChunk> chunks = importer.PausedAt(exporter, event.base);
   if (chunks.empty()) return AckStatus::kNotHeld;
   AckStatus status = AckStatus::kDone;
-  for (const state::MappedChunk& chunk : chunks) {
+  for (const ledger::MappedChunk& chunk : chunks) {
     if (chunk.size != event.size) {
       stats::Count(stats::Counter::kFollowResumeRefused);
       VMMIPC_LOG_WARN(
@@ -83,9 +84,9 @@ AckStatus FollowResume(ImportSide& importer, const state::ExporterId& exporter, 
 // connection broke while it runs: every mapping of its memory here is
 // dropped, loudly, rather than left to go stale. The ranges stay reserved;
 // closes still work; touching them faults.
-AckStatus FollowUnfollowed(ImportSide& importer, const state::ExporterId& exporter) {
-  const std::vector<state::MappedChunk> chunks = importer.PauseAll(exporter);
-  for (const state::MappedChunk& chunk : chunks) UnmapChunk(chunk.target, chunk.size);
+AckStatus FollowUnfollowed(ImportSide& importer, const ledger::ExporterId& exporter) {
+  const std::vector<ledger::MappedChunk> chunks = importer.PauseAll(exporter);
+  for (const ledger::MappedChunk& chunk : chunks) UnmapChunk(chunk.target, chunk.size);
   stats::Count(stats::Counter::kFollowPauses, chunks.size());
   VMMIPC_LOG_WARN(
       "follow: exporter pid {} no longer follows this process; its {} chunk(s) mapped here are "
@@ -96,10 +97,10 @@ AckStatus FollowUnfollowed(ImportSide& importer, const state::ExporterId& export
 }
 
 // Logs `event` for this exporter's opens in flight (they apply it before
-// they map: state/in_flight_opens.h). A resume's fd is shared by them.
-bool LogForOpensInFlight(ImportSide& importer, const state::ExporterId& exporter,
+// they map: ledger/in_flight_opens.h). A resume's fd is shared by them.
+bool LogForOpensInFlight(ImportSide& importer, const ledger::ExporterId& exporter,
                          const Event& event, ScopedFd fd) {
-  state::FollowEvent logged;
+  ledger::FollowEvent logged;
   logged.resume = event.kind == EventKind::kResume;
   logged.unfollowed = event.kind == EventKind::kUnfollowed;
   logged.base = event.base;
@@ -114,11 +115,11 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   try {
     ImportSide& importer = Importer();
     UseFollowContext(importer);
-    const state::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
+    const ledger::ExporterId exporter{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
     // Every placement lock of the exporter's opens, recorded and in flight,
     // as opens and closes take one of them: no close can unmap what this
     // maps, no open can probe it, and no open in flight can be between
-    // taking its log and recording its chunks (state/in_flight_opens.h).
+    // taking its log and recording its chunks (ledger/in_flight_opens.h).
     const std::vector<size_t> indexes = importer.PlacementIndexesOf(exporter);
     if (indexes.empty()) return AckStatus::kNotHeld;  // every open of it was closed
     std::vector<std::unique_lock<std::mutex>> placement;

@@ -12,15 +12,15 @@ namespace {
 
 // The fetched run as the open will place it, after what its exporter paused
 // and resumed while it was fetched.
-std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEvent>& missed,
-                                             const Opening& open) {
-  std::vector<state::FetchedChunk> run;
+std::vector<ledger::FetchedChunk> ApplyMissed(const std::vector<ledger::FollowEvent>& missed,
+                                              const Opening& open) {
+  std::vector<ledger::FetchedChunk> run;
   for (const transport::ChunkGrant& grant : open.fetched.chunks)
     run.push_back(
         {grant.address, grant.size, grant.generation, grant.fd.get(), false, false, nullptr});
   if (missed.empty()) return run;
-  state::ApplyFollowEvents(missed, &run);
-  for (const state::FetchedChunk& chunk : run) {
+  ledger::ApplyFollowEvents(missed, &run);
+  for (const ledger::FetchedChunk& chunk : run) {
     if (chunk.paused) stats::Count(stats::Counter::kFollowPauses);
     if (chunk.refused) {
       stats::Count(stats::Counter::kFollowResumeRefused);
@@ -38,7 +38,7 @@ std::vector<state::FetchedChunk> ApplyMissed(const std::vector<state::FollowEven
 
 }  // namespace
 
-FollowedOpen::FollowedOpen(ImportSide& importer, const state::Vmm2Handle& handle)
+FollowedOpen::FollowedOpen(ImportSide& importer, const ledger::Vmm2Handle& handle)
     : importer_(importer), exporter_{handle.pid, handle.instance}, follower_(FollowerId(importer)) {
   if (follower_ == 0) return;
   watch_ = StartWatch(importer, handle.pid, handle.instance);
@@ -53,8 +53,8 @@ FollowedOpen::~FollowedOpen() {
 }
 
 CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened) {
-  const state::Vmm2Handle& h = open->handle;
-  std::vector<state::FollowEvent> missed;
+  const ledger::Vmm2Handle& h = open->handle;
+  std::vector<ledger::FollowEvent> missed;
   bool overflowed = false;
   *reopened = importer_.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed);
   in_flight_ = 0;
@@ -65,10 +65,10 @@ CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened)
         log::Level::kWarn,
         "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter paused and resumed its memory more "
         "than {} times while it was opened; try again",
-        h.pid, h.address, state::InFlightOpens::kMaxEvents);
+        h.pid, h.address, ledger::InFlightOpens::kMaxEvents);
     return CUDA_ERROR_MAP_FAILED;
   }
-  if (state::AnyUnfollowed(missed)) {
+  if (ledger::AnyUnfollowed(missed)) {
     stats::Count(stats::Counter::kOpenFailedMap);
     VMMIPC_LOG_WARN(
         "cuIpcOpenMemHandle(pid {}, 0x{:x}): the exporter stopped following this process while "

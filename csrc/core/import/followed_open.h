@@ -1,7 +1,7 @@
 // Follow's part in one open (VMMIPC_FOLLOW=1): the watch connection it may
 // ask for, and its place among the opens in flight, from before the fetch
 // until, under its placement lock, it takes the events that arrived meanwhile
-// (state/in_flight_opens.h). Both end on every path.
+// (ledger/in_flight_opens.h). Both end on every path.
 #pragma once
 
 #include <cuda.h>
@@ -16,7 +16,7 @@ namespace vmmipc::core {
 
 class FollowedOpen {
  public:
-  FollowedOpen(ImportSide& importer, const state::Vmm2Handle& handle);
+  FollowedOpen(ImportSide& importer, const ledger::Vmm2Handle& handle);
   ~FollowedOpen();
   FollowedOpen(const FollowedOpen&) = delete;
   FollowedOpen& operator=(const FollowedOpen&) = delete;
@@ -34,7 +34,7 @@ class FollowedOpen {
 
  private:
   ImportSide& importer_;
-  state::ExporterId exporter_;
+  ledger::ExporterId exporter_;
   uint32_t follower_ = 0;
   bool watch_ = false;
   uint64_t in_flight_ = 0;

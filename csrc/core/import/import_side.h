@@ -18,13 +18,13 @@
 //    happens before it is taken. Taken before import_mutex_, never after it.
 //  - zone_mutex_ guards the zone's reservation; the zone never changes once
 //    Zone() has returned.
-//  - The page-table anchors' table (state/zone_anchor_table.h) is read and
+//  - The page-table anchors' table (ledger/zone_anchor_table.h) is read and
 //    written under import_mutex_ too (WithAnchors); what is done to one
 //    slot's anchors (map, unmap) is done under that slot's placement lock.
 //    anchor_memory_mutex_ guards the anchors' memory, one allocation per
 //    device, and is held across the cuMemCreate that makes it (once per
 //    device); taken after a placement lock, never with import_mutex_.
-//  - The in-flight opens (state/in_flight_opens.h) are read and written
+//  - The in-flight opens (ledger/in_flight_opens.h) are read and written
 //    under import_mutex_: they stay here, not in ImportFollow, because an
 //    open ends its flight and looks the table up in one hold of it. The
 //    follow thread handles an event under every placement lock of the
@@ -40,11 +40,11 @@
 #include <vector>
 
 #include "core/import/import_follow.h"
-#include "state/handle_codec.h"
-#include "state/import_table.h"
-#include "state/import_zone.h"
-#include "state/in_flight_opens.h"
-#include "state/zone_anchor_table.h"
+#include "ledger/handle_codec.h"
+#include "ledger/import_table.h"
+#include "ledger/import_zone.h"
+#include "ledger/in_flight_opens.h"
+#include "ledger/zone_anchor_table.h"
 #include "transport/client/fetch_client.h"
 
 namespace vmmipc::core {
@@ -52,21 +52,21 @@ namespace vmmipc::core {
 class ImportSide {
  public:
   // The same handle opened again: one more open of its pointer.
-  std::optional<uint64_t> Reopen(const state::OpenKey& key);
+  std::optional<uint64_t> Reopen(const ledger::OpenKey& key);
   // After an open's fetch, under its run's placement lock, in one hold of the
   // import lock: the pointer when another thread opened the same handle
   // meanwhile; else nullopt and the follow events that came for the open in
   // flight `in_flight` (from BeginOpen; 0: none), `*overflowed` when more came
   // than its log holds. Ends the open in flight either way.
-  std::optional<uint64_t> ReopenOrEndOpen(const state::OpenKey& key, uint64_t in_flight,
-                                          std::vector<state::FollowEvent>* missed,
+  std::optional<uint64_t> ReopenOrEndOpen(const ledger::OpenKey& key, uint64_t in_flight,
+                                          std::vector<ledger::FollowEvent>* missed,
                                           bool* overflowed);
 
   // The chunks one open maps, and the targets its record holds.
   struct RunPlan {
-    std::vector<state::MappedChunk> mapped_now;  // not mapped here yet: this open maps them
-    std::vector<int> fd_to_map;                  // per mapped_now; -1: paused, nothing to map
-    std::vector<uint64_t> targets;               // every chunk of the run, ascending
+    std::vector<ledger::MappedChunk> mapped_now;  // not mapped here yet: this open maps them
+    std::vector<int> fd_to_map;                   // per mapped_now; -1: paused, nothing to map
+    std::vector<uint64_t> targets;                // every chunk of the run, ascending
   };
   enum class Claim {
     kPlanned,    // `plan` says what to map
@@ -76,7 +76,7 @@ class ImportSide {
   };
   struct ClaimResult {
     Claim claim = Claim::kPlanned;
-    state::ExporterId owner;
+    ledger::ExporterId owner;
     bool repeat = false;  // the collision of this (slot, exporter) was reported before
   };
   // Decides, in one hold of the import lock, whether `run` can go to `target`
@@ -84,40 +84,40 @@ class ImportSide {
   // to check), and plans it: chunks already mapped there (an earlier open of
   // the same memory) are shared, reference counted. Caller holds the slot's
   // placement lock.
-  ClaimResult ClaimRun(uint32_t slot, const state::ExporterId& exporter, uint64_t target,
-                       uint64_t pointer, const std::vector<state::FetchedChunk>& run,
+  ClaimResult ClaimRun(uint32_t slot, const ledger::ExporterId& exporter, uint64_t target,
+                       uint64_t pointer, const std::vector<ledger::FetchedChunk>& run,
                        int32_t device, RunPlan* plan);
   // For a close: false when nothing is open here (the pointer is the driver's);
   // else the key of the open that returned `pointer`, if one did.
-  bool KeyToClose(uint64_t pointer, std::optional<state::OpenKey>* key);
+  bool KeyToClose(uint64_t pointer, std::optional<ledger::OpenKey>* key);
   // Records a mapped open: its newly mapped chunks, then the open itself.
-  void AddOpen(const std::vector<state::MappedChunk>& mapped, state::OpenRecord record);
-  // One close of `pointer` (state::ImportTable::Close).
-  state::CloseResult Close(uint64_t pointer);
+  void AddOpen(const std::vector<ledger::MappedChunk>& mapped, ledger::OpenRecord record);
+  // One close of `pointer` (ledger::ImportTable::Close).
+  ledger::CloseResult Close(uint64_t pointer);
   // The imported run holding `address`, for the range queries; false when
   // vmmipc did not map it.
   bool RunAt(uint64_t address, uint64_t* base, uint64_t* size);
-  // Follow (state::ImportTable): pause, the paused chunks at an exporter's
+  // Follow (ledger::ImportTable): pause, the paused chunks at an exporter's
   // address, resume, and the rank slot of an exporter's opens.
-  std::vector<state::MappedChunk> Pause(const state::ExporterId& exporter, uint64_t base,
-                                        uint32_t generation);
-  std::vector<state::MappedChunk> PausedAt(const state::ExporterId& exporter, uint64_t base);
-  std::vector<state::MappedChunk> PauseAll(const state::ExporterId& exporter);
+  std::vector<ledger::MappedChunk> Pause(const ledger::ExporterId& exporter, uint64_t base,
+                                         uint32_t generation);
+  std::vector<ledger::MappedChunk> PausedAt(const ledger::ExporterId& exporter, uint64_t base);
+  std::vector<ledger::MappedChunk> PauseAll(const ledger::ExporterId& exporter);
   void Resume(uint64_t target, uint32_t generation);
   // The placement locks (indexes, ascending, distinct) of every open of
   // `exporter`, recorded or in flight; empty when it has none here.
-  std::vector<size_t> PlacementIndexesOf(const state::ExporterId& exporter);
+  std::vector<size_t> PlacementIndexesOf(const ledger::ExporterId& exporter);
 
-  // Follow: an open of `exporter` in flight (state::InFlightOpens).
-  uint64_t BeginOpen(const state::ExporterId& exporter, size_t placement_index);
-  std::vector<state::FollowEvent> EndOpen(uint64_t id, bool* overflowed);
+  // Follow: an open of `exporter` in flight (ledger::InFlightOpens).
+  uint64_t BeginOpen(const ledger::ExporterId& exporter, size_t placement_index);
+  std::vector<ledger::FollowEvent> EndOpen(uint64_t id, bool* overflowed);
   // Logs `event` for the opens of `exporter` in flight; false when none is.
-  bool LogForOpensInFlight(const state::ExporterId& exporter, const state::FollowEvent& event);
+  bool LogForOpensInFlight(const ledger::ExporterId& exporter, const ledger::FollowEvent& event);
 
   // The placement lock of a handle: its rank slot, or its exporter's pid
-  // when the exporter has no rank (rank_slot is state::kUnranked).
+  // when the exporter has no rank (rank_slot is ledger::kUnranked).
   static size_t PlacementIndex(uint32_t rank_slot, uint32_t exporter_pid) {
-    const uint32_t key = rank_slot != state::kUnranked ? rank_slot : exporter_pid;
+    const uint32_t key = rank_slot != ledger::kUnranked ? rank_slot : exporter_pid;
     return key % kPlacementLocks;
   }
   std::mutex& placement_mutex(uint32_t rank_slot, uint32_t exporter_pid) {
@@ -127,10 +127,10 @@ class ImportSide {
 
   // The import zone: reserved by `reserve()` on the first call, nullopt when
   // that failed (then every import is placed best-effort). Fixed from then on.
-  using ReserveZone = std::optional<state::ZoneLayout> (*)();
-  std::optional<state::ZoneLayout> Zone(ReserveZone reserve);
+  using ReserveZone = std::optional<ledger::ZoneLayout> (*)();
+  std::optional<ledger::ZoneLayout> Zone(ReserveZone reserve);
   // The zone if it is reserved; never reserves it.
-  std::optional<state::ZoneLayout> ReservedZone();
+  std::optional<ledger::ZoneLayout> ReservedZone();
 
   // Runs `use(table, anchors)` under the import lock (no driver call, no I/O).
   template <typename Use>
@@ -177,8 +177,8 @@ class ImportSide {
   enum class ZoneState { kUntried, kReserved, kUnavailable };
 
   std::mutex import_mutex_;
-  state::ImportTable imports_;
-  state::ZoneAnchorTable anchors_;
+  ledger::ImportTable imports_;
+  ledger::ZoneAnchorTable anchors_;
 
   std::mutex anchor_memory_mutex_;
   std::map<int32_t, std::optional<AnchorMemory>> anchor_memory_;
@@ -186,10 +186,10 @@ class ImportSide {
   std::mutex placement_mutexes_[kPlacementLocks];
 
   std::mutex zone_mutex_;
-  state::ZoneLayout zone_;
+  ledger::ZoneLayout zone_;
   ZoneState zone_state_ = ZoneState::kUntried;
 
-  state::InFlightOpens in_flight_;  // under import_mutex_
+  ledger::InFlightOpens in_flight_;  // under import_mutex_
 
   ImportFollow follow_;
 };

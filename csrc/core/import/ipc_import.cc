@@ -55,13 +55,13 @@ CUresult IpcCloseMemHandle(CUdeviceptr pointer) {
   ImportSide& importer = Importer();
   // The placement lock of the open being closed, so that its unmaps cannot
   // interleave with an open placing chunks in the same slot (import_side.h).
-  std::optional<state::OpenKey> key;
+  std::optional<ledger::OpenKey> key;
   if (!importer.KeyToClose(pointer, &key)) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   std::unique_lock<std::mutex> placement_lock;
   if (key)
     placement_lock =
         std::unique_lock<std::mutex>(importer.placement_mutex(key->rank_slot, key->exporter.pid));
-  const state::CloseResult closed = importer.Close(pointer);
+  const ledger::CloseResult closed = importer.Close(pointer);
   // Not ours (legacy memory, or one close too many): the driver decides.
   if (!closed.ours) return VMMIPC_REAL(IpcCloseMemHandle, pointer);
   stats::Count(stats::Counter::kCloses);

@@ -23,26 +23,26 @@ log::LineLimit& OpenLines() {
 
 std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& raw,
                                    unsigned int flags, bool v2, Opening* open) {
-  state::Vmm2Handle& h = open->handle;
+  ledger::Vmm2Handle& h = open->handle;
   const auto* bytes = reinterpret_cast<const unsigned char*>(raw.reserved);
-  switch (state::DecodeHandle(bytes, &h)) {
-    case state::DecodeStatus::kOk:
+  switch (ledger::DecodeHandle(bytes, &h)) {
+    case ledger::DecodeStatus::kOk:
       break;
-    case state::DecodeStatus::kNotVmm2:
+    case ledger::DecodeStatus::kNotVmm2:
       return ForwardOpen(pointer, raw, flags, v2);
-    case state::DecodeStatus::kBadChecksum:
+    case ledger::DecodeStatus::kBadChecksum:
       // Four bytes of a foreign handle can spell "VMM2" by chance: let the
       // driver judge it (it refuses garbage safely, measured).
       VMMIPC_LOG_DEBUG("handle has the VMM2 magic but a bad checksum; passing it to the driver");
       return ForwardOpen(pointer, raw, flags, v2);
-    case state::DecodeStatus::kUnknownVersion:
+    case ledger::DecodeStatus::kUnknownVersion:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
       OpenWarning(log::Level::kError,
                   "cuIpcOpenMemHandle: VMM2 handle version {} is not supported by this "
                   "vmmipc (knows version {}); use the same vmmipc in every process",
-                  state::HandleVersion(bytes), state::kHandleVersion);
+                  ledger::HandleVersion(bytes), ledger::kHandleVersion);
       return CUDA_ERROR_NOT_SUPPORTED;
-    case state::DecodeStatus::kMalformed:
+    case ledger::DecodeStatus::kMalformed:
       stats::Count(stats::Counter::kOpenFailedBadHandle);
       OpenWarning(log::Level::kWarn,
                   "cuIpcOpenMemHandle: malformed VMM2 handle (fields contradict)");

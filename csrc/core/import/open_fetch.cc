@@ -58,7 +58,7 @@ CUresult CodeForFetch(const transport::FetchResult& fetched) {
 }
 #pragma GCC diagnostic pop
 
-CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Handle& h) {
+CUresult FetchFailure(const transport::FetchResult& fetched, const ledger::Vmm2Handle& h) {
   stats::CountFetchFailure(fetched.status);
   const CUresult code = CodeForFetch(fetched);
   if (code == CUDA_SUCCESS) return code;
@@ -71,7 +71,8 @@ CUresult FetchFailure(const transport::FetchResult& fetched, const state::Vmm2Ha
 
 // The exporter's answer must describe a run that starts at the handle's chunk
 // and is contiguous; anything else is refused before mapping.
-bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const state::Vmm2Handle& h) {
+bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
+                     const ledger::Vmm2Handle& h) {
   if (chunks.empty() || chunks[0].address != h.chunk_base || chunks[0].size != h.chunk_size)
     return false;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -85,7 +86,7 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks, const sta
 }  // namespace
 
 CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
-  const state::Vmm2Handle& h = open->handle;
+  const ledger::Vmm2Handle& h = open->handle;
   const auto fetch_start = SteadyClock::now();
   const config::Params& params = config::Get();
   // A version 3 handle's exporter listens under its instance; a version 2

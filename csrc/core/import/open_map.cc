@@ -11,7 +11,7 @@ namespace {
 
 // One cuMemSetAccess per contiguous stretch of newly mapped chunks.
 CUresult OpenAccessByStretch(const ImportSide::RunPlan& plan, CUdevice device) {
-  const std::vector<state::MappedChunk>& chunks = plan.mapped_now;
+  const std::vector<ledger::MappedChunk>& chunks = plan.mapped_now;
   CUresult result = CUDA_SUCCESS;
   for (size_t i = 0; result == CUDA_SUCCESS && i < chunks.size();) {
     if (plan.fd_to_map[i] < 0) {
@@ -37,13 +37,13 @@ CUresult MapRun(ImportSide& importer, Opening* open) {
   const ImportSide::RunPlan& plan = open->plan;
   CUresult result = CUDA_SUCCESS;
   // A page-table anchor where a chunk goes moves out of the way first.
-  if (placement.zone_slot != state::kNotInZone &&
+  if (placement.zone_slot != ledger::kNotInZone &&
       !ClearAnchorsFor(importer, placement.zone_slot, plan.mapped_now))
     result = CUDA_ERROR_MAP_FAILED;
   size_t mapped_count = 0;
   for (; result == CUDA_SUCCESS && mapped_count < plan.mapped_now.size(); ++mapped_count) {
     if (plan.fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
-    const state::MappedChunk& chunk = plan.mapped_now[mapped_count];
+    const ledger::MappedChunk& chunk = plan.mapped_now[mapped_count];
     result = MapChunk(plan.fd_to_map[mapped_count], chunk.target, chunk.size);
     if (result != CUDA_SUCCESS) break;
   }
@@ -59,8 +59,8 @@ CUresult MapRun(ImportSide& importer, Opening* open) {
 }
 
 void RecordOpen(ImportSide& importer, Opening* open) {
-  const state::Vmm2Handle& h = open->handle;
-  state::OpenRecord record;
+  const ledger::Vmm2Handle& h = open->handle;
+  ledger::OpenRecord record;
   record.key = open->key;
   record.chunks = open->plan.targets;
   record.pointer = open->pointer();
@@ -70,7 +70,7 @@ void RecordOpen(ImportSide& importer, Opening* open) {
   record.private_reservation = open->placement.private_reservation;
   record.private_reservation_size = open->placement.private_size;
   importer.AddOpen(open->plan.mapped_now, record);
-  for (const state::MappedChunk& chunk : open->plan.mapped_now) {
+  for (const ledger::MappedChunk& chunk : open->plan.mapped_now) {
     stats::Count(stats::Counter::kChunksMapped);
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
   }

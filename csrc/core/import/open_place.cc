@@ -6,7 +6,7 @@
 #include "core/import/vmm_calls.h"
 #include "core/stats.h"
 #include "driver/status.h"
-#include "state/import_zone.h"
+#include "ledger/import_zone.h"
 
 namespace vmmipc::core {
 namespace {
@@ -18,13 +18,13 @@ log::LineLimit g_placement_lines;
 // Why the run cannot take its zone slot, nullptr when it can: no rank slot,
 // no zone, a slot it does not fit. `*target` is the slot's address for it.
 const char* WhyNoSlot(ImportSide& importer, const Opening& open, uint64_t* target) {
-  const state::Vmm2Handle& h = open.handle;
-  if (h.rank_slot == state::kUnranked)
+  const ledger::Vmm2Handle& h = open.handle;
+  if (h.rank_slot == ledger::kUnranked)
     return "the exporter has no rank slot (no rank variable, and none from its GPU)";
-  const std::optional<state::ZoneLayout> zone = ImportZone(importer);
+  const std::optional<ledger::ZoneLayout> zone = ImportZone(importer);
   if (!zone) return "there is no import zone";
   const std::optional<uint64_t> in_slot =
-      state::ZoneTarget(*zone, h.rank_slot, h.region_base, open.run_base(), open.run_size());
+      ledger::ZoneTarget(*zone, h.rank_slot, h.region_base, open.run_base(), open.run_size());
   if (!in_slot)
     return "the run does not fit the exporter's slot (rank >= VMMIPC_ZONE_SLOTS, or offset "
            "beyond VMMIPC_SLOT_SIZE)";
@@ -34,18 +34,18 @@ const char* WhyNoSlot(ImportSide& importer, const Opening& open, uint64_t* targe
 
 // " (instance <hex>)" when `one` and `other` share a pid (processes of two
 // pid namespaces), so that the collision line tells them apart; else "".
-std::string SamePidNote(const state::ExporterId& one, const state::ExporterId& other) {
+std::string SamePidNote(const ledger::ExporterId& one, const ledger::ExporterId& other) {
   return one.pid == other.pid ? fmt::format(" (instance {:08x})", one.instance) : "";
 }
 
 // The line of a best-effort placement: once per (slot, exporter) a warning for a
 // ranked exporter, an info line for an unranked one, debug lines after that.
 void SayBestEffort(const Opening& open, const char* why_not, bool repeat) {
-  const state::Vmm2Handle& h = open.handle;
+  const ledger::Vmm2Handle& h = open.handle;
   const uint64_t size = open.run_size();
   if (repeat)
     VMMIPC_LOG_DEBUG("placing {} from pid {} best-effort: {}", log::Bytes(size), h.pid, why_not);
-  else if (h.rank_slot == state::kUnranked)
+  else if (h.rank_slot == ledger::kUnranked)
     log::LogLimited(g_placement_lines, log::Level::kInfo, "placement", "best-effort placements",
                     "placing {} from pid {} best-effort: {}", log::Bytes(size), h.pid, why_not);
   else
@@ -68,8 +68,8 @@ CUresult OtherRun(const Opening& open) {
 
 CUresult PlaceRun(ImportSide& importer, Opening* open) {
   const auto place_start = SteadyClock::now();
-  const state::Vmm2Handle& h = open->handle;
-  const state::ExporterId exporter{h.pid, h.instance};
+  const ledger::Vmm2Handle& h = open->handle;
+  const ledger::ExporterId exporter{h.pid, h.instance};
   const int32_t device = static_cast<int32_t>(open->device);
   uint64_t target = 0;
   const char* why_not = WhyNoSlot(importer, *open, &target);
@@ -115,7 +115,7 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
   placement.run_target = placement.private_reservation;
   // A reservation of its own holds nothing yet: every chunk is planned.
   if (importer
-          .ClaimRun(state::kNotInZone, exporter, placement.run_target, open->pointer(), open->run,
+          .ClaimRun(ledger::kNotInZone, exporter, placement.run_target, open->pointer(), open->run,
                     device, &open->plan)
           .claim != ImportSide::Claim::kPlanned) {
     FreeReservation(placement.private_reservation, placement.private_size);

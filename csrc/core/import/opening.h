@@ -17,9 +17,9 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "core/import/import_side.h"
-#include "state/handle_codec.h"
-#include "state/import_table.h"
-#include "state/in_flight_opens.h"
+#include "ledger/handle_codec.h"
+#include "ledger/import_table.h"
+#include "ledger/in_flight_opens.h"
 #include "transport/client/fetch_client.h"
 
 namespace vmmipc::core {
@@ -28,23 +28,23 @@ class FollowedOpen;
 
 // Where a run goes: its zone slot, or a private reservation of its own.
 struct Placement {
-  uint64_t run_target = 0;                 // importer address of the run's first byte
-  uint32_t zone_slot = state::kNotInZone;  // the slot it went to, if in the zone
-  uint64_t private_reservation = 0;        // non-zero for best-effort placement
+  uint64_t run_target = 0;                  // importer address of the run's first byte
+  uint32_t zone_slot = ledger::kNotInZone;  // the slot it went to, if in the zone
+  uint64_t private_reservation = 0;         // non-zero for best-effort placement
   uint64_t private_size = 0;
 };
 
 struct Opening {
   // decode
-  state::Vmm2Handle handle;
-  state::OpenKey key;
+  ledger::Vmm2Handle handle;
+  ledger::OpenKey key;
   CUdevice device = 0;
   // fetch
   transport::FetchResult fetched;  // the run, each chunk with its fd
   int64_t fetch_us = 0;
   // catch up: the run as it will be mapped (generations after the exporter's
   // pauses and resumes during the fetch, paused chunks without an fd)
-  std::vector<state::FetchedChunk> run;
+  std::vector<ledger::FetchedChunk> run;
   // place
   Placement placement;
   ImportSide::RunPlan plan;  // the chunks this open maps, and the record's

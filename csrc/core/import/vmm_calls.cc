@@ -39,9 +39,9 @@ bool TryReserveAt(uint64_t want, uint64_t size) {
 }
 
 // Reserves the zone at its base, else at its fallback base.
-std::optional<state::ZoneLayout> ReserveZone() {
+std::optional<ledger::ZoneLayout> ReserveZone() {
   const config::Params& params = config::Get();
-  state::ZoneLayout zone;
+  ledger::ZoneLayout zone;
   zone.slots = static_cast<uint64_t>(params.zone_slots);
   zone.slot_size = params.slot_size;
   for (uint64_t base : {params.zone_base, params.zone_fallback_base}) {
@@ -60,7 +60,7 @@ std::optional<state::ZoneLayout> ReserveZone() {
 
 }  // namespace
 
-std::optional<state::ZoneLayout> ImportZone(ImportSide& importer) {
+std::optional<ledger::ZoneLayout> ImportZone(ImportSide& importer) {
   return importer.Zone(ReserveZone);
 }
 

@@ -16,7 +16,7 @@ namespace vmmipc::core {
 
 // The import zone, reserved on first use (ImportSide::Zone); nullopt when it
 // could not be (one warning): then every import is placed best-effort.
-std::optional<state::ZoneLayout> ImportZone(ImportSide& importer);
+std::optional<ledger::ZoneLayout> ImportZone(ImportSide& importer);
 
 // A reservation anywhere, for best-effort placement.
 CUresult ReserveAnywhere(uint64_t size, uint64_t* base);

@@ -13,16 +13,16 @@
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
-#include "state/zone_anchor_table.h"
+#include "ledger/zone_anchor_table.h"
 
 namespace vmmipc::core {
 namespace {
 
-using state::AnchorKey;
-using state::AnchorKeysOf;
-using state::SlotSpan;
-using state::Span;
-using state::SpansOf;
+using ledger::AnchorKey;
+using ledger::AnchorKeysOf;
+using ledger::SlotSpan;
+using ledger::Span;
+using ledger::SpansOf;
 
 // The smallest allocation the device allows (2 MiB on an H200), made once.
 bool MakeAnchorMemory(int32_t device, ImportSide::AnchorMemory* memory) {
@@ -33,7 +33,7 @@ bool MakeAnchorMemory(int32_t device, ImportSide::AnchorMemory* memory) {
   // A spot is aligned to its size, so the size must be a power of two, and
   // well inside a stretch.
   if (result == CUDA_SUCCESS && (granularity == 0 || (granularity & (granularity - 1)) != 0 ||
-                                 granularity > state::kAnchorStretch / 4)) {
+                                 granularity > ledger::kAnchorStretch / 4)) {
     VMMIPC_LOG_INFO("zone anchors: device {} allocates in units of {} bytes; no anchors there",
                     device, granularity);
     return false;
@@ -71,28 +71,28 @@ bool MapAnchor(const ImportSide::AnchorMemory& memory, uint64_t address, int32_t
 
 }  // namespace
 
-void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChunk>& chunks) {
+void AnchorBeforeUnmap(ImportSide& importer, const std::vector<ledger::MappedChunk>& chunks) {
   if (!config::Get().zone_anchors || chunks.empty()) return;
-  const std::optional<state::ZoneLayout> zone = importer.ReservedZone();
+  const std::optional<ledger::ZoneLayout> zone = importer.ReservedZone();
   if (!zone) return;
   std::set<AnchorKey> keys;
-  for (const state::MappedChunk& chunk : chunks) {
+  for (const ledger::MappedChunk& chunk : chunks) {
     const std::optional<uint32_t> slot = zone->SlotAt(chunk.target);
     if (!slot || chunk.paused || chunk.device < 0) continue;
     keys.merge(AnchorKeysOf(*zone, *slot, {chunk}));
   }
   const std::vector<Span> unmapping = SpansOf(chunks);
   for (const AnchorKey& key : keys) {
-    const Span within = state::StretchInSlot(key.stretch, SlotSpan(*zone, key.slot));
+    const Span within = ledger::StretchInSlot(key.stretch, SlotSpan(*zone, key.slot));
     // The device whose page tables the unmapped chunks used.
     int32_t device = -1;
-    for (const state::MappedChunk& c : chunks)
+    for (const ledger::MappedChunk& c : chunks)
       if (c.target < within.end && within.begin < c.target + c.size) device = c.device;
     std::vector<Span> busy;
     const bool wanted =
-        importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchorTable& anchors) {
+        importer.WithAnchors([&](ledger::ImportTable& table, ledger::ZoneAnchorTable& anchors) {
           if (anchors.Find(key)) return false;
-          const std::vector<state::MappedChunk> left = table.ChunksIn(within.begin, within.end);
+          const std::vector<ledger::MappedChunk> left = table.ChunksIn(within.begin, within.end);
           if (std::any_of(left.begin(), left.end(), [](const auto& c) { return !c.paused; }))
             return false;        // something stays mapped there: so do the page tables
           busy = SpansOf(left);  // paused chunks' ranges wait for their resume
@@ -103,9 +103,9 @@ void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChun
         importer.AnchorMemoryFor(device, MakeAnchorMemory);
     if (!memory) return;
     busy.insert(busy.end(), unmapping.begin(), unmapping.end());  // still mapped now
-    const std::optional<uint64_t> spot = state::FreeSpot(within, memory->size, busy);
+    const std::optional<uint64_t> spot = ledger::FreeSpot(within, memory->size, busy);
     if (!spot || !MapAnchor(*memory, *spot, device)) continue;
-    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchorTable& anchors) {
+    importer.WithAnchors([&](ledger::ImportTable&, ledger::ZoneAnchorTable& anchors) {
       anchors.Set(key, {*spot, memory->size, device});
     });
     stats::Count(stats::Counter::kZoneAnchorsMapped);
@@ -115,16 +115,16 @@ void AnchorBeforeUnmap(ImportSide& importer, const std::vector<state::MappedChun
 }
 
 bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
-                     const std::vector<state::MappedChunk>& chunks) {
+                     const std::vector<ledger::MappedChunk>& chunks) {
   if (!config::Get().zone_anchors || chunks.empty()) return true;
-  const std::optional<state::ZoneLayout> zone = importer.ReservedZone();
+  const std::optional<ledger::ZoneLayout> zone = importer.ReservedZone();
   if (!zone || slot >= zone->slots) return true;
   const std::vector<Span> mapping = SpansOf(chunks);
   for (const AnchorKey& key : AnchorKeysOf(*zone, slot, chunks)) {
-    const Span within = state::StretchInSlot(key.stretch, SlotSpan(*zone, slot));
-    std::optional<state::Anchor> anchor;
+    const Span within = ledger::StretchInSlot(key.stretch, SlotSpan(*zone, slot));
+    std::optional<ledger::Anchor> anchor;
     std::vector<Span> busy;
-    importer.WithAnchors([&](state::ImportTable& table, state::ZoneAnchorTable& anchors) {
+    importer.WithAnchors([&](ledger::ImportTable& table, ledger::ZoneAnchorTable& anchors) {
       anchor = anchors.Find(key);
       if (anchor) busy = SpansOf(table.ChunksIn(within.begin, within.end));
     });
@@ -142,7 +142,7 @@ bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
     bool moved = false;
     uint64_t moved_to = 0;
     if (memory) {
-      const std::optional<uint64_t> spot = state::FreeSpot(within, anchor->size, busy);
+      const std::optional<uint64_t> spot = ledger::FreeSpot(within, anchor->size, busy);
       if (spot && MapAnchor(*memory, *spot, anchor->device)) {
         moved = true;
         moved_to = *spot;
@@ -159,7 +159,7 @@ bool ClearAnchorsFor(ImportSide& importer, uint32_t slot,
                       anchor->address, anchor->size, driver::ErrorName(unmapped));
       return false;
     }
-    importer.WithAnchors([&](state::ImportTable&, state::ZoneAnchorTable& anchors) {
+    importer.WithAnchors([&](ledger::ImportTable&, ledger::ZoneAnchorTable& anchors) {
       if (moved)
         anchors.Set(key, {moved_to, anchor->size, anchor->device});
       else

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 inline constexpr size_t kHandleSize = 64;
 inline constexpr uint32_t kHandleMagic = 0x324D4D56u;  // bytes "VMM2" little-endian
@@ -48,4 +48,4 @@ DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* handl
 // for the log line of DecodeStatus::kUnknownVersion.
 uint8_t HandleVersion(const unsigned char in[kHandleSize]);
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

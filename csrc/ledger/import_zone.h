@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 struct ZoneLayout {
   uint64_t base = 0;  // 0: no zone (not reserved, or unavailable)
@@ -34,4 +34,4 @@ struct ZoneLayout {
 std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, uint64_t region_base,
                                    uint64_t address, uint64_t size);
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 class ChunkGenerations {
  public:
@@ -28,4 +28,4 @@ class ChunkGenerations {
   uint32_t next_ = 0;
 };
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,9 +1,9 @@
 // Reference counting of imported chunks and open pointers.
-#include "state/import_table.h"
+#include "ledger/import_table.h"
 
 #include <algorithm>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key) {
   auto it = by_key_.find(key);
@@ -191,4 +191,4 @@ const OpenRecord* ImportTable::FindByAddress(uint64_t address) const {
   return best;
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

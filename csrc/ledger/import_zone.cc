@@ -1,8 +1,8 @@
 // Import-zone arithmetic, with every overflow checked: handles come from
 // other processes and their fields are not trusted.
-#include "state/import_zone.h"
+#include "ledger/import_zone.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, uint64_t region_base,
                                    uint64_t address, uint64_t size) {
@@ -13,4 +13,4 @@ std::optional<uint64_t> ZoneTarget(const ZoneLayout& zone, uint32_t rank_slot, u
   return zone.SlotBase(rank_slot) + offset;
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

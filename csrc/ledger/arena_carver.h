@@ -8,7 +8,7 @@
 #include <map>
 #include <optional>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 struct Carve {
   uint64_t offset = 0;
@@ -38,4 +38,4 @@ class ArenaCarver {
   std::map<uint64_t, uint64_t> carved_;  // offset -> size
 };
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

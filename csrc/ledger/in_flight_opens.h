@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "common/scoped_fd.h"
-#include "state/import_table.h"
+#include "ledger/import_table.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 struct FollowEvent {
   bool resume = false;  // false: a pause (or, with unfollowed, neither)
@@ -75,4 +75,4 @@ class InFlightOpens {
 void ApplyFollowEvents(const std::vector<FollowEvent>& events, std::vector<FetchedChunk>* run);
 bool AnyUnfollowed(const std::vector<FollowEvent>& events);
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

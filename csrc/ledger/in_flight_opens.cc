@@ -1,9 +1,9 @@
 // The in-flight opens' event logs, and how a log changes a fetched run.
-#include "state/in_flight_opens.h"
+#include "ledger/in_flight_opens.h"
 
 #include <algorithm>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 uint64_t InFlightOpens::Begin(const ExporterId& exporter, size_t lock_index) {
   const uint64_t id = next_id_++;
@@ -76,4 +76,4 @@ bool AnyUnfollowed(const std::vector<FollowEvent>& events) {
                      [](const FollowEvent& event) { return event.unfollowed; });
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,9 +1,9 @@
 // First-fit carving with coalescing frees.
-#include "state/arena_carver.h"
+#include "ledger/arena_carver.h"
 
 #include <iterator>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 ArenaCarver::ArenaCarver(uint64_t size) : size_(size) {
   if (size > 0) free_[0] = size;
@@ -57,4 +57,4 @@ std::optional<Carve> ArenaCarver::Find(uint64_t offset) const {
   return Carve{it->first, it->second};
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

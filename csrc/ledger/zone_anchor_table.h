@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "state/import_table.h"
-#include "state/import_zone.h"
+#include "ledger/import_table.h"
+#include "ledger/import_zone.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 // The stretch whose page table one anchor keeps: 256 entries of 2 MiB, the
 // GPU MMU's lowest directory for 2 MiB pages (measured on an H200: a mapping
@@ -83,4 +83,4 @@ std::set<AnchorKey> AnchorKeysOf(const ZoneLayout& zone, uint32_t slot,
 // The ranges `chunks` cover.
 std::vector<Span> SpansOf(const std::vector<MappedChunk>& chunks);
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

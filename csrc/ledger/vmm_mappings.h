@@ -31,7 +31,7 @@
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 struct VmmMapping {
   uint64_t base = 0;  // the mapping: [base, base + size)
@@ -144,4 +144,4 @@ class VmmMappings {
   uint64_t clock_ = 0;
 };
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

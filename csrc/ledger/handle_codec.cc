@@ -1,13 +1,13 @@
 // Encoding and decoding of VMM2 handles: explicit little-endian byte layout,
 // every byte defined, CRC-32C over bytes 0..59 stored at 60..63.
-#include "state/handle_codec.h"
+#include "ledger/handle_codec.h"
 
 #include <cstring>
 
 #include "common/crc32c.h"
 #include "common/little_endian.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 // Offsets of docs/blob-format.md (versions 2 and 3). Magic, version and the CRC's
@@ -90,4 +90,4 @@ DecodeStatus DecodeHandle(const unsigned char in[kHandleSize], Vmm2Handle* h) {
 
 uint8_t HandleVersion(const unsigned char in[kHandleSize]) { return Get<uint8_t>(in, kOffVersion); }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

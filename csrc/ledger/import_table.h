@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 // An exporter process: its pid and the public instance id in its handles
 // (a later process with the same pid has another).
@@ -156,4 +156,4 @@ class ImportTable {
   std::set<std::pair<uint32_t, ExporterId>> collisions_warned_;  // (slot, exporter)
 };
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,6 +1,6 @@
 // The mapping table: an ordered map of non-overlapping ranges, each with an
 // optional cached exported fd.
-#include "state/vmm_mappings.h"
+#include "ledger/vmm_mappings.h"
 
 #include <fcntl.h>
 
@@ -8,7 +8,7 @@
 #include <iterator>
 #include <mutex>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 namespace {
 
 ScopedFd DupCloexec(int fd) { return ScopedFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
@@ -185,4 +185,4 @@ bool VmmMappings::CloseCachedFdsInForkedChild() {
 
 size_t VmmMappings::cached_fd_count() const { return cached_fds_.load(std::memory_order_relaxed); }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

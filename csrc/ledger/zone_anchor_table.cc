@@ -1,9 +1,9 @@
 // The anchors' table and the arithmetic of where one may go.
-#include "state/zone_anchor_table.h"
+#include "ledger/zone_anchor_table.h"
 
 #include <algorithm>
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 std::optional<Anchor> ZoneAnchorTable::Find(const AnchorKey& key) const {
   auto it = anchors_.find(key);
@@ -79,4 +79,4 @@ std::optional<uint64_t> FreeSpot(const Span& within, uint64_t size, std::vector<
   return std::nullopt;
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger

@@ -1,7 +1,7 @@
 // Generation bookkeeping for exported chunks.
-#include "state/chunk_generations.h"
+#include "ledger/chunk_generations.h"
 
-namespace vmmipc::state {
+namespace vmmipc::ledger {
 
 uint32_t ChunkGenerations::NextLocked() {
   if (++next_ == 0) ++next_;  // 0 never names a chunk
@@ -30,4 +30,4 @@ size_t ChunkGenerations::size() const {
   return generations_.size();
 }
 
-}  // namespace vmmipc::state
+}  // namespace vmmipc::ledger
