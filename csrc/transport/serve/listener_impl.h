@@ -63,6 +63,7 @@ struct ListenerImpl {
   void AcceptQueued() noexcept;
   void AcceptFailed(int error) noexcept;
   void ReadKept(std::span<const pollfd> pfds, bool polled) noexcept;
+  bool ReadAndAnswer(Connection& c) noexcept;
   void Answer(PendingRequest request) noexcept;
 };
 

@@ -116,6 +116,15 @@ bool ListenerImpl::BuildPollSet(const std::array<pollfd, 2>& fixed, std::vector<
   }
 }
 
+// Reads the request of `c`, which poll said is readable, and answers it;
+// true when the connection has left `c` (answered, refused or dropped).
+bool ListenerImpl::ReadAndAnswer(Connection& c) noexcept {
+  PendingRequest request;
+  const ReadOutcome outcome = ReadRequest(c, context, &request);
+  if (outcome == ReadOutcome::kReady) Answer(std::move(request));
+  return outcome != ReadOutcome::kWaiting;
+}
+
 // Reads the requests that came on the kept connections polled (`pfds`, one
 // per connection, in order) and closes those whose importer hung up or that
 // idled past their bound, keeping the rest in order, in place. An answer may
@@ -127,15 +136,7 @@ void ListenerImpl::ReadKept(std::span<const pollfd> pfds, bool polled) noexcept 
   size_t still = 0;
   for (size_t i = 0; i < count; ++i) {
     Connection& c = kept[i];
-    if (polled && pfds[i].revents != 0) {
-      PendingRequest request;
-      const ReadOutcome outcome = ReadRequest(c, context, &request);
-      if (outcome == ReadOutcome::kReady) {
-        Answer(std::move(request));
-        continue;
-      }
-      if (outcome == ReadOutcome::kDone) continue;
-    }
+    if (polled && pfds[i].revents != 0 && ReadAndAnswer(c)) continue;
     if (c.deadline.Expired()) {
       CloseKept(std::move(c), context);
       continue;
@@ -158,15 +159,7 @@ void ListenerImpl::ReadWaiting(const std::vector<pollfd>& pfds, bool polled) noe
   admission.own_waiting = admission.others_waiting = 0;
   for (size_t i = 0; i < admission.waiting.size(); ++i) {
     Connection& c = admission.waiting[i];
-    if (polled && pfds[i + 2].revents != 0) {
-      PendingRequest request;
-      const ReadOutcome outcome = ReadRequest(c, context, &request);
-      if (outcome == ReadOutcome::kReady) {
-        Answer(std::move(request));
-        continue;
-      }
-      if (outcome == ReadOutcome::kDone) continue;
-    }
+    if (polled && pfds[i + 2].revents != 0 && ReadAndAnswer(c)) continue;
     if (c.deadline.Expired()) {
       DropSilent(std::move(c), context);
       continue;
