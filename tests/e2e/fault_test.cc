@@ -302,16 +302,7 @@ int RestingFdsOf(pid_t pid, int bound_ms = 10000, int kept = 0) {
 // --- the fixture ------------------------------------------------------------------------------
 
 // The fixture is the shared one (logged_peer_test.h).
-// The fault tests count an importer's fds around a failing open, and an
-// exporter's at rest (once no connection its listener accepted is open).
-// Warm connections are kept on purpose on both sides, so these peers run
-// without them (a new connection per open, as before them); what warm
-// connections do on these paths is tested apart (Fault.WarmConnection*,
-// unit.TransportWarm.*).
-class Fault : public LoggedPeerTest {
- protected:
-  Fault() { default_env_["VMMIPC_WARM_CONNECTIONS"] = "0"; }
-};
+class Fault : public LoggedPeerTest {};
 
 // Warm connections through the whole library: an importer's second open of
 // an exporter goes on the connection its first one kept (the open's debug

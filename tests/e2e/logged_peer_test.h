@@ -186,7 +186,13 @@ class LoggedPeerTest : public ::testing::Test {
   static bool Sim() { return DriverUnderTest() == DriverKind::kSimulated; }
 
   // Variables every Peer() of the fixture gets unless the call sets them.
-  std::map<std::string, std::string> default_env_;
+  // The e2e suites count what a peer holds (fds at rest, before and after a
+  // failing open); warm connections are kept on purpose on both sides and
+  // would be counted, so peers run without them (a new connection per open,
+  // as before them) unless a test turns them on: what they do is tested in
+  // Fault.WarmConnection* and unit.TransportWarm.*, and the GPU check's
+  // Python checks run with the default (on).
+  std::map<std::string, std::string> default_env_{{"VMMIPC_WARM_CONNECTIONS", "0"}};
 
   // A started and initialised peer with the given rank ("" = unranked),
   // whose stderr (vmmipc's log lines) goes to a file that Log() reads; where
