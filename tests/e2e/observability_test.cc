@@ -210,8 +210,9 @@ TEST_F(Observability, AForkedChildLogsToItsOwnFile) {
   EXPECT_NE(child_log.find("[vmmipc pid " + child + " rank 0] info: config: "), std::string::npos)
       << child_log;
   EXPECT_TRUE(std::regex_search(child_log, child_name, listening)) << child_log;
-  if (!parent_name.empty() && !child_name.empty())
+  if (!parent_name.empty() && !child_name.empty()) {
     EXPECT_NE(parent_name[1].str(), child_name[1].str());
+  }
 }
 
 // Warnings about the environment are printed with the rank already known (and
