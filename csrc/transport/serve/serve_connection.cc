@@ -239,6 +239,28 @@ bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) 
   return true;
 }
 
+// Runs `step`, which says whether the connection went where it should; an
+// exception (out of memory, say) never leaves this file: one error line, and
+// false, as for a step that failed.
+template <typename Step>
+bool Guarded(const ServeContext& context, Step step) noexcept {
+  try {
+    return step();
+  } catch (const std::exception& e) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
+  } catch (...) {
+    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
+  }
+  return false;
+}
+
+// A request that is not answered after all: its watcher's reservation
+// cancelled, its connection closed.
+void GiveUp(PendingRequest& request, const ServeContext& context) {
+  if (request.watcher) context.watchers->Cancel(request.watcher);
+  Close(std::move(request.fd), context);
+}
+
 }  // namespace
 
 bool StartConnection(ScopedFd fd, const ServeContext& context, Connection* out) noexcept {
@@ -261,13 +283,12 @@ bool StartConnection(ScopedFd fd, const ServeContext& context, Connection* out) 
 
 ReadOutcome ReadRequest(Connection& connection, const ServeContext& context,
                         PendingRequest* out) noexcept {
-  try {
-    return Read(connection, context, out);
-  } catch (const std::exception& e) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
-  } catch (...) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
-  }
+  ReadOutcome outcome = ReadOutcome::kDone;
+  if (Guarded(context, [&] {
+        outcome = Read(connection, context, out);
+        return true;
+      }))
+    return outcome;
   Close(std::move(connection.fd), context);
   return ReadOutcome::kDone;
 }
@@ -296,7 +317,7 @@ void DropOverCap(Connection connection, const ServeContext& context,
 
 bool PrepareReply(PendingRequest& request, const ServeContext& context,
                   ServeReply* reply) noexcept {
-  try {
+  const bool prepared = Guarded(context, [&] {
     // The watcher first, so that a pause after the grant is told (watchers.h).
     if (request.request.watch && context.watchers != nullptr) {
       std::string refused;
@@ -308,15 +329,10 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
             "without a watch connection, and does not follow pauses of what it is granted",
             context.name, PeerPidText(request.peer.pid), refused);
     }
-    if (Prepare(request, context, reply)) return true;
-  } catch (const std::exception& e) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
-  } catch (...) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
-  }
-  if (request.watcher) context.watchers->Cancel(request.watcher);
-  Close(std::move(request.fd), context);
-  return false;
+    return Prepare(request, context, reply);
+  });
+  if (!prepared) GiveUp(request, context);
+  return prepared;
 }
 
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
@@ -325,28 +341,24 @@ void SendReply(PendingRequest request, ServeReply reply, const ServeContext& con
 
 ScopedFd SendReplyKeeping(PendingRequest request, ServeReply reply,
                           const ServeContext& context) noexcept {
-  try {
-    if (SendGrants(request, context, reply.chunks)) {
-      // A watch request's importer keeps the connection for events (even
-      // when no watcher was free for it here): it sends no request there.
-      if (!request.watcher) {
-        if (!request.request.watch) return std::move(request.fd);
-        Close(std::move(request.fd), context);
-        return {};
-      }
+  ScopedFd kept;
+  const bool sent = Guarded(context, [&] {
+    if (!SendGrants(request, context, reply.chunks)) return false;
+    if (request.watcher) {
       context.watchers->Activate(request.watcher, std::move(request.fd));
       VMMIPC_LOG_DEBUG("listener {}: importer {} watches this process", context.name,
                        PeerPidText(request.peer.pid));
-      return {};
+    } else if (request.request.watch) {
+      // A watch request's importer keeps the connection for events (even
+      // when no watcher was free for it here): it sends no request there.
+      Close(std::move(request.fd), context);
+    } else {
+      kept = std::move(request.fd);
     }
-  } catch (const std::exception& e) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: {}", context.name, e.what());
-  } catch (...) {
-    VMMIPC_LOG_ERROR("listener {}: dropped a connection: unknown exception", context.name);
-  }
-  if (request.watcher) context.watchers->Cancel(request.watcher);
-  Close(std::move(request.fd), context);
-  return {};
+    return true;
+  });
+  if (!sent) GiveUp(request, context);
+  return kept;
 }
 
 void CloseKept(Connection connection, const ServeContext& context) noexcept {
@@ -357,38 +369,6 @@ void CloseKept(Connection connection, const ServeContext& context) noexcept {
 
 bool ReplyFitsOneMessage(const ServeReply& reply) noexcept {
   return reply.chunks.size() <= wire::kMaxChunksPerBatch;
-}
-
-void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept {
-  ServeReply reply;
-  if (PrepareReply(request, context, &reply))
-    SendReply(std::move(request), std::move(reply), context);
-}
-
-void ServeConnection(ScopedFd fd, const ServeContext& context) noexcept {
-  Connection connection;
-  if (!StartConnection(std::move(fd), context, &connection)) return;
-  while (true) {
-    const IoResult io = WaitFor(connection.fd.get(), POLLIN, connection.deadline, context.stop_fd);
-    if (io.status == IoStatus::kStopped) {
-      Close(std::move(connection.fd), context);
-      return;
-    }
-    if (io.status == IoStatus::kTimeout) {
-      DropSilent(std::move(connection), context);
-      return;
-    }
-    PendingRequest request;
-    switch (ReadRequest(connection, context, &request)) {
-      case ReadOutcome::kWaiting:
-        continue;
-      case ReadOutcome::kDone:
-        return;
-      case ReadOutcome::kReady:
-        AnswerRequest(std::move(request), context);
-        return;
-    }
-  }
 }
 
 }  // namespace vmmipc::transport
