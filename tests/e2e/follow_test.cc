@@ -397,6 +397,26 @@ constexpr int kBurstTimeoutMs = 500;
 // timeouts are 10,000 ms.
 constexpr long kBurstBoundMs = kBurstTimeoutMs + 1500;
 
+// One raw follower (its id 0x5eed) holds every allocation of `handles`: its
+// watch connection in `mode` (held, silent) for the first, plain fetches for
+// the rest.
+void FollowEveryOne(PeerProcess& raw, const std::vector<std::string>& handles,
+                    const std::string& mode) {
+  ASSERT_TRUE(StartsWith(raw.Call("raw_watch " + handles[0] + " 0x5eed " + mode), "ok "));
+  for (size_t i = 1; i < handles.size(); ++i)
+    ASSERT_EQ(raw.Call("raw_fetch " + handles[i] + " 0x5eed"), "ok 1");
+}
+
+// A pause of the burst's allocations took `pause_ms`: about one timeout,
+// never one per allocation (printed with its bound).
+void ExpectOneTimeout(long pause_ms, const std::string& follower, const std::string& waited) {
+  std::cout << "a pause of " << kBurstAllocations << " allocations with " << follower << " took "
+            << pause_ms << " ms (bound " << kBurstBoundMs << " ms; timeout " << kBurstTimeoutMs
+            << " ms)\n";
+  EXPECT_GE(pause_ms, kBurstTimeoutMs * 8 / 10) << "the pause did not wait for " << waited;
+  EXPECT_LT(pause_ms, kBurstBoundMs) << waited << " was waited for more than once";
+}
+
 // A follower that answers every event, but only after the exporter stopped
 // waiting for it (raw_ack between the allocations: deterministic, no sleep).
 TEST_F(Follow, AFollowerThatAnswersEachEventLateCostsAPauseOneTimeout) {
@@ -406,19 +426,12 @@ TEST_F(Follow, AFollowerThatAnswersEachEventLateCostsAPauseOneTimeout) {
   ASSERT_TRUE(exporter && raw);
   std::vector<std::string> handles;
   const std::vector<std::string> names = Allocations(*exporter, kBurstAllocations, &handles);
-  // One follower holds every allocation: its watch connection, then plain fetches.
-  ASSERT_TRUE(StartsWith(raw->Call("raw_watch " + handles[0] + " 0x5eed held"), "ok "));
-  for (size_t i = 1; i < handles.size(); ++i)
-    ASSERT_EQ(raw->Call("raw_fetch " + handles[i] + " 0x5eed"), "ok 1");
-
+  FollowEveryOne(*raw, handles, "held");
+  if (HasFatalFailure()) return;
   const long pause_ms = PauseEach(*exporter, names, [&] {
     EXPECT_TRUE(StartsWith(raw->Call("raw_ack"), "ok "));  // answers, late
   });
-  std::cout << "a pause of " << kBurstAllocations << " allocations with a follower that answers "
-            << "late took " << pause_ms << " ms (bound " << kBurstBoundMs << " ms; timeout "
-            << kBurstTimeoutMs << " ms)\n";
-  EXPECT_GE(pause_ms, kBurstTimeoutMs * 8 / 10) << "the pause did not wait for the follower";
-  EXPECT_LT(pause_ms, kBurstBoundMs) << "the follower was waited for more than once";
+  ExpectOneTimeout(pause_ms, "a follower that answers late", "the follower");
   // It still follows: every pause reaches it, as catch-up once the burst is over.
   std::string events;
   EXPECT_TRUE(WaitUntil(
@@ -445,16 +458,10 @@ TEST_F(Follow, ASilentWatcherCostsAPauseOfManyChunksOneTimeout) {
   ASSERT_TRUE(exporter && raw);
   std::vector<std::string> handles;
   const std::vector<std::string> names = Allocations(*exporter, kBurstAllocations, &handles);
-  ASSERT_TRUE(StartsWith(raw->Call("raw_watch " + handles[0] + " 0x5eed silent"), "ok "));
-  for (size_t i = 1; i < handles.size(); ++i)
-    ASSERT_EQ(raw->Call("raw_fetch " + handles[i] + " 0x5eed"), "ok 1");
-
+  FollowEveryOne(*raw, handles, "silent");
+  if (HasFatalFailure()) return;
   const long pause_ms = PauseEach(*exporter, names, [] {});
-  std::cout << "a pause of " << kBurstAllocations << " allocations with a silent watcher took "
-            << pause_ms << " ms (bound " << kBurstBoundMs << " ms; timeout " << kBurstTimeoutMs
-            << " ms)\n";
-  EXPECT_GE(pause_ms, kBurstTimeoutMs * 8 / 10) << "the pause did not wait for the watcher";
-  EXPECT_LT(pause_ms, kBurstBoundMs) << "the watcher was waited for more than once";
+  ExpectOneTimeout(pause_ms, "a silent watcher", "the watcher");
 }
 
 // One process, a silent watcher under a follower id of its own per allocation.
@@ -471,11 +478,9 @@ TEST_F(Follow, OneProcessWithAFollowerIdPerAllocationCostsAPauseOneTimeout) {
               "ok 1");
 
   const long pause_ms = PauseEach(*exporter, names, [] {});
-  std::cout << "a pause of " << kBurstAllocations << " allocations with one process's "
-            << kBurstAllocations << " silent follower ids took " << pause_ms << " ms (bound "
-            << kBurstBoundMs << " ms; timeout " << kBurstTimeoutMs << " ms)\n";
-  EXPECT_GE(pause_ms, kBurstTimeoutMs * 8 / 10) << "the pause did not wait for the watchers";
-  EXPECT_LT(pause_ms, kBurstBoundMs) << "the process was waited for once per follower id";
+  ExpectOneTimeout(pause_ms,
+                   "one process's " + std::to_string(kBurstAllocations) + " silent follower ids",
+                   "the process");
 }
 
 // Issue 36 item 6: follower ids are 32-bit and random, so two importers may
