@@ -21,26 +21,30 @@
 namespace vmmipc::transport::listener_test {
 namespace {
 
+using vmmipc::testing::RestingFdCount;
+using vmmipc::testing::SeqpacketPair;
+
 class TransportWarm : public TransportListener {
  protected:
   void SetUp() override {
     CloseWarmConnections();
-    TransportListener::SetUp();
+    fds_at_rest_ = OwnFdsAtRest();
   }
   void TearDown() override { CloseWarmConnections(); }
+  // This process's fds at rest (every other thread asleep, nothing waiting
+  // for the reaper, the same count twice), less the reaper's inbox.
+  static int OwnFdsAtRest() {
+    const int fds = RestingFdCount([] { return ReaperPendingForTesting() == 0; });
+    return fds - static_cast<int>(ReaperHostFdsForTesting());
+  }
+  void ExpectNoFdLeak() { EXPECT_EQ(OwnFdsAtRest(), fds_at_rest_) << "file descriptors leaked"; }
+  int fds_at_rest_ = 0;
 };
 
 ClientOptions WarmClient(size_t limit = 64, int timeout_ms = 2000) {
   ClientOptions c = Client(timeout_ms);
   c.warm_connections = limit;
   return c;
-}
-
-// A connected SOCK_SEQPACKET pair, both ends CLOEXEC.
-std::pair<ScopedFd, ScopedFd> SeqpacketPair() {
-  int sv[2] = {-1, -1};
-  EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-  return {ScopedFd(sv[0]), ScopedFd(sv[1])};
 }
 
 // True when the exporter's side of `fd` hung up (read what is queued first).
