@@ -34,7 +34,7 @@
 #include "common/scoped_fd.h"
 #include "transport/client/fetch_client.h"
 #include "transport/client/warm_connections.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"
 

@@ -265,7 +265,7 @@ TEST_F(Follow, AStoppedImporterCostsThePauseTheTimeoutIsNamedAndCatchesUp) {
     EXPECT_EQ(now, s.baseline) << "the importer did not catch up with the pause";
   }
   // Caught up, it lags until the pause's burst is over (a timeout after it:
-  // transport/serve/watchers.h); then the exporter waits for it again.
+  // transport/serve/watch/watchers.h); then the exporter waits for it again.
   EXPECT_TRUE(LogShows(*exporter, "answers again", 5000)) << Log(*exporter);
   // And follows the next resume.
   EXPECT_EQ(exporter->Call("resume a"), "ok");
@@ -372,7 +372,7 @@ TEST_F(Follow, AStoppedImporterCostsAPauseOfManyChunksOneTimeoutAndCatchesUp) {
   const std::string log = Log(*exporter);
   EXPECT_TRUE(WarningNames(log, importer->pid())) << "no warning names the stopped importer";
   // Its lag ends once the burst of the pause and the resume is over, a
-  // timeout after the resume (transport/serve/watchers.h): logged then.
+  // timeout after the resume (transport/serve/watch/watchers.h): logged then.
   EXPECT_TRUE(LogShows(*exporter, "answers again", 5000)) << log;
   EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
   EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);

@@ -43,7 +43,7 @@
 #include "ledger/vmm_mappings.h"
 #include "transport/client/fetch_client.h"
 #include "transport/client/watch_client.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 
 extern "C" int __real_fcntl(int fd, int cmd, ...);
 extern "C" ssize_t __real_write(int fd, const void* buffer, size_t size);
@@ -304,7 +304,7 @@ TEST(CoreForkLocks, AForkFromInsideTheCriticalSectionDoesNotWaitForItself) {
   state.exporter.mappings().Remove(exported.bases[0], 3 * kChunk);
 }
 
-// The exporter's watch list (transport/serve/watchers.h), which lives in the
+// The exporter's watch list (transport/serve/watch/watchers.h), which lives in the
 // listener; here one of its own, with the fork handlers core registers for
 // the process state's (ExportSide::PrepareFork and the rest) registered for
 // it. The second Adopt looks for hung-up importers under the list's lock and

@@ -24,7 +24,7 @@
 #include "test_process.h"
 #include "transport/client/fetch_client.h"
 #include "transport/reaper/fd_reaper.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
 

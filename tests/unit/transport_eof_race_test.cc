@@ -21,7 +21,7 @@
 
 #include "test_process.h"
 #include "transport/client/fetch_client.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "transport/client/fetch_client.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 #include "transport/socket_address.h"
 #include "transport/wire.h"
 

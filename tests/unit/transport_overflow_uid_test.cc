@@ -21,7 +21,7 @@
 
 #include "listener_test_support.h"
 #include "transport/client/fetch_client.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 #include "transport/socket_address.h"
 #include "transport/socket_uid.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "test_process.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 #include "transport/socket_io.h"
 
 namespace vmmipc::transport {

@@ -1,4 +1,4 @@
-// Starting the export listener (transport/serve/listener.h) on the first
+// Starting the export listener (transport/serve/listener/listener.h) on the first
 // export: its options and the export side's callbacks.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include "core/export/export_side.h"
 #include "core/identity.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 
 namespace vmmipc::core {
 

@@ -37,7 +37,7 @@
 #include "core/arena/arena_side.h"
 #include "ledger/chunk_generations.h"
 #include "ledger/vmm_mappings.h"
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 
 namespace vmmipc::core {
 

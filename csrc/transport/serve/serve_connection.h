@@ -19,7 +19,7 @@
 #include "common/scoped_fd.h"
 #include "common/timeout.h"
 #include "transport/serve/serve_handler.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 #include "transport/siphash.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"

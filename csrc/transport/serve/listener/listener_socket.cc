@@ -1,6 +1,6 @@
 // The listening socket's making: socket, a stale path cleared, fchmod before
 // bind, bind, SO_PASSRIGHTS off, listen.
-#include "transport/serve/listener_socket.h"
+#include "transport/serve/listener/listener_socket.h"
 
 #include <dirent.h>
 #include <sys/socket.h>

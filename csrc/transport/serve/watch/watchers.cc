@@ -2,7 +2,7 @@
 // served, activated or cancelled with its reply, dropped when its importer
 // hangs up or breaks the protocol; the poll thread's part (PollFds, then
 // Maintain); a forked child's walk-away.
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 
 #include <poll.h>
 #include <unistd.h>

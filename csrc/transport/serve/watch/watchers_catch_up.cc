@@ -3,7 +3,7 @@
 // everything sent before it lagged, as many events as its connection takes
 // without waiting.
 #include "common/log.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 
 namespace vmmipc::transport {
 

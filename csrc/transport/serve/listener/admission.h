@@ -14,7 +14,7 @@
 
 #include "transport/serve/fd_budget.h"
 #include "transport/serve/serve_connection.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 #include "transport/socket_io.h"
 
 namespace vmmipc::transport {

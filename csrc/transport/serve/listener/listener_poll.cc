@@ -15,7 +15,7 @@
 #include "common/log_limit.h"
 #include "common/syscall.h"
 #include "transport/reaper/fd_reaper.h"
-#include "transport/serve/listener_impl.h"
+#include "transport/serve/listener/listener_impl.h"
 
 namespace vmmipc::transport {
 namespace {

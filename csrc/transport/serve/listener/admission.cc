@@ -2,7 +2,7 @@
 // wait for their request, by class, within caps the host's free fds set
 // (fd_budget.h), measured again when a class is full; the newest past a cap
 // is closed at once.
-#include "transport/serve/admission.h"
+#include "transport/serve/listener/admission.h"
 
 #include <algorithm>
 

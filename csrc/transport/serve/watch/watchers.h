@@ -64,7 +64,7 @@
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "transport/serve/fd_budget.h"
-#include "transport/serve/watcher.h"
+#include "transport/serve/watch/watcher.h"
 #include "transport/siphash.h"
 #include "transport/socket_io.h"
 #include "transport/wire.h"

@@ -8,7 +8,7 @@
 #include <cerrno>
 
 #include "common/log.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 
 namespace vmmipc::transport {
 namespace {

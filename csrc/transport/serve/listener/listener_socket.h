@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/scoped_fd.h"
-#include "transport/serve/socket_file.h"
+#include "transport/serve/listener/socket_file.h"
 #include "transport/socket_address.h"
 
 namespace vmmipc::transport {

@@ -3,7 +3,7 @@
 // whichever thread calls exit) never both remove a file, and a stop never
 // removes a file whose slot was taken again by another listener meanwhile
 // (every claim has a sequence number of its own).
-#include "transport/serve/socket_file.h"
+#include "transport/serve/listener/socket_file.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -1,5 +1,5 @@
 // The listener's workers: the job queue, its threads, their start and stop.
-#include "transport/serve/listener_workers.h"
+#include "transport/serve/listener/listener_workers.h"
 
 #include <exception>
 

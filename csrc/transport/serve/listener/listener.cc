@@ -5,7 +5,7 @@
 // The poll thread's loop is listener_poll.cc, its admission admission.h,
 // the workers listener_workers.h; what happens on one
 // connection is serve_connection.cc's.
-#include "transport/serve/listener.h"
+#include "transport/serve/listener/listener.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -16,8 +16,8 @@
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
-#include "transport/serve/listener_impl.h"
-#include "transport/serve/listener_socket.h"
+#include "transport/serve/listener/listener_impl.h"
+#include "transport/serve/listener/listener_socket.h"
 #include "transport/socket_uid.h"
 
 namespace vmmipc::transport {

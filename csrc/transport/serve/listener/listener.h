@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/serve/listener_options.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/listener/listener_options.h"
+#include "transport/serve/watch/watchers.h"
 
 namespace vmmipc::transport {
 

@@ -1,5 +1,5 @@
 // Watcher (watcher.h): one event sent, the acks read, a missed notice folded.
-#include "transport/serve/watcher.h"
+#include "transport/serve/watch/watcher.h"
 
 #include <poll.h>
 

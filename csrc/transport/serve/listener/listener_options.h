@@ -8,7 +8,7 @@
 
 #include "common/timeout.h"
 #include "transport/serve/serve_handler.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 #include "transport/siphash.h"
 
 namespace vmmipc::transport {

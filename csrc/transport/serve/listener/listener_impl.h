@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "common/scoped_fd.h"
-#include "transport/serve/admission.h"
-#include "transport/serve/listener_options.h"
-#include "transport/serve/listener_workers.h"
+#include "transport/serve/listener/admission.h"
+#include "transport/serve/listener/listener_options.h"
+#include "transport/serve/listener/listener_workers.h"
+#include "transport/serve/listener/socket_file.h"
 #include "transport/serve/serve_connection.h"
-#include "transport/serve/socket_file.h"
-#include "transport/serve/watchers.h"
+#include "transport/serve/watch/watchers.h"
 #include "transport/socket_address.h"
 #include "transport/socket_io.h"
 
