@@ -105,6 +105,85 @@ TEST_F(EndToEnd, InteriorPointerMapsToTheEndOfTheRunAcrossChunks) {
   EXPECT_EQ(importer->Call("close " + Hex(ptr)), "ok");
 }
 
+// VMMIPC_INTERIOR_HANDLES: a handle taken inside a chunk opens at the image of
+// its exact address (address), or of the start of its chunk (allocation: the
+// driver's rule for legacy handles, which callers that add
+// `p - cuMemGetAddressRange(p).base` themselves need); auto picks allocation
+// only where UCX's CUDA transport is loaded. A handle at a chunk's start opens
+// the same under every rule.
+class InteriorHandles : public EndToEnd {
+ protected:
+  struct Opened {
+    uint64_t interior = 0;  // the open of the handle taken at base + kChunk + 4096
+    uint64_t at_chunk = 0;  // the open of the handle taken at base + kChunk
+  };
+  // Exporter: 4 chunks; the importer, under `rule` ("" = unset), opens the
+  // interior handle, then the handle at the start of the same chunk.
+  Opened OpenBoth(const std::string& rule, bool load_uct_standin) {
+    exporter_ = Peer("0");
+    importer_ = Peer("1", {{"VMMIPC_INTERIOR_HANDLES", rule.empty() ? kUnset : rule}});
+    if (load_uct_standin) {
+      EXPECT_EQ(importer_->Call(std::string("load_late ") + VMMIPC_UCT_CUDA_STANDIN_PATH), "ok");
+    }
+    base_ = VmmBuffer(*exporter_, "a", 4, 3);
+    Opened opened;
+    opened.interior = Num(Value(
+        importer_->Call("open " + Value(exporter_->Call("get " + Hex(base_ + kChunk + 4096))))));
+    opened.at_chunk =
+        Num(Value(importer_->Call("open " + Value(exporter_->Call("get " + Hex(base_ + kChunk))))));
+    EXPECT_NE(opened.interior, 0u);
+    EXPECT_NE(opened.at_chunk, 0u);
+    return opened;
+  }
+  // The bytes at `ptr` are the exporter's at offset `offset` of the buffer,
+  // to the end of the run; both opens close cleanly.
+  void ExpectReadsAndCloses(const Opened& opened, uint64_t ptr, uint64_t offset) {
+    EXPECT_EQ(
+        importer_->Call("check " + Hex(ptr) + " " + Hex(4 * kChunk - offset) + " 3 " + Hex(offset)),
+        "ok");
+    EXPECT_EQ(importer_->Call("close " + Hex(opened.interior)), "ok");
+    EXPECT_EQ(importer_->Call("close " + Hex(opened.at_chunk)), "ok");
+    EXPECT_EQ(importer_->Call("close " + Hex(opened.at_chunk)).substr(0, 5), "err 1");
+  }
+  std::unique_ptr<PeerProcess> exporter_, importer_;
+  uint64_t base_ = 0;
+};
+
+TEST_F(InteriorHandles, AddressOpensAtTheExactAddress) {
+  const Opened opened = OpenBoth("address", /*load_uct_standin=*/true);
+  EXPECT_EQ(opened.interior, opened.at_chunk + 4096);
+  ExpectReadsAndCloses(opened, opened.interior, kChunk + 4096);
+}
+
+TEST_F(InteriorHandles, AllocationOpensAtTheStartOfTheChunkAsTheDriverDoes) {
+  const Opened opened = OpenBoth("allocation", /*load_uct_standin=*/false);
+  // Both handles now name one open of one run, as two legacy handles of one
+  // allocation do: the same pointer, each open with its close.
+  EXPECT_EQ(opened.interior, opened.at_chunk);
+  // What UCX does with it: the exporter's offset from cuMemGetAddressRange.
+  EXPECT_EQ(exporter_->Call("range " + Hex(base_ + kChunk + 4096)),
+            "ok " + Hex(base_ + kChunk) + " " + Hex(kChunk));
+  ExpectReadsAndCloses(opened, opened.interior + 4096, kChunk + 4096);
+}
+
+TEST_F(InteriorHandles, AutoIsTheExactAddressWithoutUcx) {
+  const Opened opened = OpenBoth("", /*load_uct_standin=*/false);
+  EXPECT_EQ(opened.interior, opened.at_chunk + 4096);
+  ExpectReadsAndCloses(opened, opened.interior, kChunk + 4096);
+}
+
+TEST_F(InteriorHandles, AutoIsTheChunkStartOnceUcxsCudaTransportIsLoaded) {
+  const Opened opened = OpenBoth("auto", /*load_uct_standin=*/true);
+  EXPECT_EQ(opened.interior, opened.at_chunk);
+  ExpectReadsAndCloses(opened, opened.interior + 4096, kChunk + 4096);
+}
+
+TEST_F(InteriorHandles, AnUnknownRuleKeepsTheDefault) {
+  const Opened opened = OpenBoth("base", /*load_uct_standin=*/false);
+  EXPECT_EQ(opened.interior, opened.at_chunk + 4096);
+  ExpectReadsAndCloses(opened, opened.interior, kChunk + 4096);
+}
+
 TEST_F(EndToEnd, LegacyMemoryGoesToTheDriverUntouched) {
   auto exporter = Peer("0");
   auto importer = Peer("1");

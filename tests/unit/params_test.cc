@@ -144,6 +144,14 @@ TEST(Params, RankFromPinsTheSource) {
   EXPECT_EQ(ParseWith({{"VMMIPC_RANK_FROM", " gpu "}}).rank_from, "gpu");
 }
 
+TEST(Params, InteriorHandlesTakesItsThreeRules) {
+  EXPECT_EQ(ParseWith({}).interior_handles, "auto");
+  for (const char* rule : {"auto", "address", "allocation"})
+    EXPECT_EQ(ParseWith({{"VMMIPC_INTERIOR_HANDLES", rule}}).interior_handles, rule);
+  // Anything else is refused and auto stays.
+  EXPECT_EQ(ParseWith({{"VMMIPC_INTERIOR_HANDLES", "base"}}).interior_handles, "auto");
+}
+
 TEST(Params, SizeParserRejectsJunk) {
   uint64_t v = 0;
   EXPECT_TRUE(ParseSize("1T", &v));

@@ -1,6 +1,7 @@
 // The open's decode step: the handle, the call's flags, not a handle of our
 // own, a current context. Handles that are not VMM2 go to the real driver.
 #include "core/identity.h"
+#include "core/import/interior_handles.h"
 #include "core/import/opening.h"
 #include "core/real.h"
 #include "core/stats.h"
@@ -68,6 +69,7 @@ std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& r
     return CUDA_ERROR_INVALID_CONTEXT;
   }
   open->key = {{h.pid, h.instance}, h.address, h.generation, h.region_base, h.rank_slot};
+  open->opened_address = OpenedExporterAddress(h);
   return std::nullopt;
 }
 

@@ -39,6 +39,7 @@ struct Opening {
   ledger::Vmm2Handle handle;
   ledger::OpenKey key;
   CUdevice device = 0;
+  uint64_t opened_address = 0;  // the exporter address whose image the open returns
   // fetch
   transport::FetchResult fetched;  // the run, each chunk with its fd
   int64_t fetch_us = 0;
@@ -55,8 +56,9 @@ struct Opening {
 
   uint64_t run_base() const { return run.front().address; }
   uint64_t run_size() const { return run.back().address + run.back().size - run_base(); }
-  // The importer address of exactly the handle's address.
-  uint64_t pointer() const { return placement.run_target + (handle.address - run_base()); }
+  // The importer address of `opened_address`: the handle's address, or its
+  // chunk's start for an interior handle (core/import/interior_handles.h).
+  uint64_t pointer() const { return placement.run_target + (opened_address - run_base()); }
 };
 
 // The open's warnings, one or two per call, are rate-limited: an
