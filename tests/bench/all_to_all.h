@@ -14,9 +14,12 @@ namespace vmmipc_all_to_all {
 
 constexpr int kChannelFd = 3;  // a rank's end of its socketpair to the launcher
 
-// The two kinds of buffer every configuration registers, in the same run.
-enum class Kind : uint32_t { kLegacy = 0, kVmm = 1 };
-const char* KindName(Kind kind);  // "legacy", "vmmipc"
+// The kinds of buffer every configuration registers, in the same run: legacy
+// IPC on cuMemAlloc memory, vmmipc on VMM memory, and (--floor) the driver's
+// floor on VMM memory (all_to_all_floor.h).
+enum class Kind : uint32_t { kLegacy = 0, kVmm = 1, kFloor = 2 };
+constexpr int kKinds = 3;
+const char* KindName(Kind kind);  // "legacy", "vmmipc", "floor"
 
 // Launcher -> rank. Every command gets exactly one reply; the launcher waits
 // for all N replies before it sends the next command, so each is a barrier.
@@ -51,7 +54,8 @@ constexpr uint32_t kWarmupConfig = 0xffffffffu;
 enum class Status : int32_t {
   kOk = 0,
   kFailed = 1,       // wrong data, or a call that must work failed
-  kUnsupported = 2,  // cuIpcGetMemHandle refused VMM memory and vmmipc is not in the rank
+  kUnsupported = 2,  // cuIpcGetMemHandle refused VMM memory and vmmipc is not in the rank,
+                     // or the floor may not copy a peer's fds (no ptrace rights)
 };
 
 struct ReplyHead {

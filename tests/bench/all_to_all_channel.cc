@@ -84,7 +84,17 @@ bool ReadAll(int fd, void* data, size_t size, int64_t deadline_ms, std::string* 
 
 }  // namespace
 
-const char* KindName(Kind kind) { return kind == Kind::kLegacy ? "legacy" : "vmmipc"; }
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kLegacy:
+      return "legacy";
+    case Kind::kVmm:
+      return "vmmipc";
+    case Kind::kFloor:
+      return "floor";
+  }
+  return "?";
+}
 
 bool SendFrame(int fd, uint32_t type, const void* data, size_t size, std::string* error) {
   FrameHead head;

@@ -59,6 +59,7 @@ struct Options {
   double timeout_s = 120;
   double budget_s = 0;  // 0: no budget
   bool warmup = true;
+  bool floor = false;  // also the driver's floor (Kind::kFloor) in every configuration
   bool corrupt_tag = false;
   bool count_gpus = false;
 };
@@ -67,6 +68,7 @@ constexpr const char* kUsage =
     "usage: vmmipc_all_to_all [--ranks N] [--gpus G] [--per-rank-buffers K[,K...]]\n"
     "                         [--chunk-size S[,S...]] [--chunks-per-buffer C[,C...]] [--reps R]\n"
     "                         [--json PATH] [--timeout-s T] [--budget-s B] [--no-warmup]\n"
+    "                         [--floor]\n"
     "       vmmipc_all_to_all --count-gpus\n"
     "All-to-all registration of N rank processes (this binary again, VMMIPC_RANK=i, GPU i % G):\n"
     "each rank allocates K buffers of C chunks of S bytes, VMM (cuMemCreate + cuMemMap) and\n"
@@ -76,6 +78,9 @@ constexpr const char* kUsage =
     "and must be a multiple of 2 MiB. Defaults: --ranks 2 --gpus 1 --per-rank-buffers 8\n"
     "--chunk-size 2MiB --chunks-per-buffer 1 --reps 3 --timeout-s 120 (every wait for a rank).\n"
     "--budget-s B: start no repetition after B seconds (the rest is reported as not run).\n"
+    "--floor: also the driver's floor on the same VMM buffers: each chunk's fd exported and\n"
+    "kept by its rank, copied by the importer with pidfd_getfd (untimed; needs ptrace rights\n"
+    "over the peer ranks, else reported as unsupported), then import + map + access timed.\n"
     "--count-gpus: print the number of GPUs a child process sees, and exit.\n"
     "Preload vmmipc (LD_PRELOAD) to measure VMM memory; without it the VMM part is reported as\n"
     "unsupported. Exit: 0 done, 1 a failure (wrong data, a call that must work failed, a rank\n"
@@ -197,6 +202,9 @@ Options ParseOptions(int argc, char** argv) {
     } else if (arg == "--no-warmup") {
       no_value();
       o.warmup = false;
+    } else if (arg == "--floor") {
+      no_value();
+      o.floor = true;
     } else if (arg == "--count-gpus") {
       no_value();
       o.count_gpus = true;
@@ -253,7 +261,7 @@ struct KindResult {
 
 struct Config {
   uint64_t buffers = 0, chunk_size = 0, chunks = 0;
-  KindResult kinds[2];  // by Kind
+  KindResult kinds[kKinds];  // by Kind
   int reps_planned = 0;
 
   uint64_t BufferBytes() const { return chunk_size * chunks; }
@@ -343,7 +351,7 @@ class Launcher {
       warm.chunk_size = o_.chunk_sizes[0];
       warm.chunks = 1;
       warm.reps_planned = 1;
-      for (Kind kind : {Kind::kLegacy, Kind::kVmm}) {
+      for (Kind kind : Kinds()) {
         if (!RunPhase(&warm, kWarmupConfig, 0, kind, &error)) return Finish(error);
       }
       warmup_ = warm;
@@ -356,10 +364,10 @@ class Launcher {
           budget_cut_ = true;
           break;
         }
-        // Alternate which kind goes first, so that neither always runs on a warmer GPU.
-        const Kind order[2] = {rep % 2 == 0 ? Kind::kLegacy : Kind::kVmm,
-                               rep % 2 == 0 ? Kind::kVmm : Kind::kLegacy};
-        for (Kind kind : order) {
+        // Rotate which kind goes first, so that none always runs on a warmer GPU.
+        const std::vector<Kind> kinds = Kinds();
+        for (size_t j = 0; j < kinds.size(); ++j) {
+          const Kind kind = kinds[(j + static_cast<size_t>(rep)) % kinds.size()];
           if (!RunPhase(&cfg, static_cast<uint32_t>(i), static_cast<uint32_t>(rep), kind, &error))
             return Finish(error);
         }
@@ -371,6 +379,11 @@ class Launcher {
   }
 
  private:
+  std::vector<Kind> Kinds() const {
+    if (o_.floor) return {Kind::kLegacy, Kind::kVmm, Kind::kFloor};
+    return {Kind::kLegacy, Kind::kVmm};
+  }
+
   // ---- processes ----
 
   bool Start(std::string* error) {
@@ -516,9 +529,10 @@ class Launcher {
   // in `cfg` and the run goes on.
   bool RunPhase(Config* cfg, uint32_t config_index, uint32_t rep, Kind kind, std::string* error) {
     KindResult& result = cfg->kinds[static_cast<int>(kind)];
-    if (result.status == "unsupported" || (vmm_unsupported_ && kind == Kind::kVmm)) {
+    const int k = static_cast<int>(kind);
+    if (result.status == "unsupported" || unsupported_[k]) {
       result.status = "unsupported";
-      if (result.error.empty()) result.error = vmm_unsupported_reason_;
+      if (result.error.empty()) result.error = unsupported_reason_[k];
       return true;
     }
     Command c;
@@ -588,11 +602,11 @@ class Launcher {
     if (!step(Cmd::kFree, {}, nullptr, nullptr)) return false;
     if (phase_error.empty() && !before_free.empty()) phase_error = before_free;
 
-    if (unsupported && kind == Kind::kVmm) {
+    if (unsupported && kind != Kind::kLegacy) {
       result.status = "unsupported";
       result.error = phase_error;
-      vmm_unsupported_ = true;
-      vmm_unsupported_reason_ = phase_error;
+      unsupported_[k] = true;
+      unsupported_reason_[k] = phase_error;
       return true;
     }
     if (!phase_error.empty()) {
@@ -775,9 +789,11 @@ class Launcher {
     std::printf(
         "total: barrier release to the last rank's reply after opening all (N-1) x K "
         "peer handles, launcher clock.\nopen/get: per call, over all ranks' calls.\n\n");
-    std::printf("%5s %8s %4s | %-32s | %-32s | %s\n", "K", "chunk", "C",
-                "legacy: total ms, open p50/p99 us", "vmmipc: total ms, open p50/p99 us",
-                "vmmipc/legacy: total, open p50; get us legacy/vmmipc");
+    std::printf(
+        "%5s %8s %4s | %-32s | %-32s | %s%s\n", "K", "chunk", "C",
+        "legacy: total ms, open p50/p99 us", "vmmipc: total ms, open p50/p99 us",
+        "vmmipc/legacy: total, open p50; get us legacy/vmmipc",
+        o_.floor ? " || floor: total ms, open p50/p99 us | vmmipc/floor, floor/legacy: total" : "");
     std::fflush(stdout);
   }
 
@@ -802,15 +818,36 @@ class Launcher {
                     v.Median(&RepResult::open_p50_us) / l.Median(&RepResult::open_p50_us),
                     l.Median(&RepResult::get_p50_us), v.Median(&RepResult::get_p50_us));
     }
-    std::printf("%5llu %8s %4llu | %-32s | %-32s | %s%s\n",
+    std::printf("%5llu %8s %4llu | %-32s | %-32s | %s%s%s\n",
                 static_cast<unsigned long long>(cfg.buffers), SizeText(cfg.chunk_size).c_str(),
                 static_cast<unsigned long long>(cfg.chunks), Cell(l).c_str(), Cell(v).c_str(),
-                ratios,
+                ratios, FloorCells(cfg).c_str(),
                 l.reps.size() < static_cast<size_t>(cfg.reps_planned) ||
                         (v.status == "ok" && v.reps.size() < static_cast<size_t>(cfg.reps_planned))
                     ? " (fewer reps: budget or failure)"
                     : "");
     std::fflush(stdout);
+  }
+
+  // The floor's cell and its ratios, after the row's own (empty without --floor).
+  std::string FloorCells(const Config& cfg) const {
+    if (!o_.floor) return "";
+    const KindResult& l = cfg.kinds[static_cast<int>(Kind::kLegacy)];
+    const KindResult& v = cfg.kinds[static_cast<int>(Kind::kVmm)];
+    const KindResult& f = cfg.kinds[static_cast<int>(Kind::kFloor)];
+    std::string out = " || " + Cell(f);
+    if (f.status != "ok") return out;
+    char text[64];
+    std::snprintf(text, sizeof(text), " | %s %s", RatioText(v, f).c_str(), RatioText(f, l).c_str());
+    return out + text;
+  }
+
+  static std::string RatioText(const KindResult& a, const KindResult& b) {
+    if (a.status != "ok" || b.status != "ok") return "-";
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.2fx",
+                  a.Median(&RepResult::total_us) / b.Median(&RepResult::total_us));
+    return text;
   }
 
   void PrintWarmup() {
@@ -894,6 +931,19 @@ class Launcher {
         ", \"reps_planned\": " + std::to_string(cfg.reps_planned) + ", \"opens_per_rep\": " +
         std::to_string(static_cast<uint64_t>(o_.ranks) * (o_.ranks - 1) * cfg.buffers);
     s += ", \"legacy\": " + KindJson(l) + ", \"vmmipc\": " + KindJson(v);
+    if (o_.floor) {
+      const KindResult& f = cfg.kinds[static_cast<int>(Kind::kFloor)];
+      const bool floor_ok = f.status == "ok";
+      s += ", \"floor\": " + KindJson(f);
+      s += ", \"ratio_vmmipc_floor_total\": " +
+           Num(floor_ok && v.status == "ok"
+                   ? v.Median(&RepResult::total_us) / f.Median(&RepResult::total_us)
+                   : NAN);
+      s += ", \"ratio_floor_legacy_total\": " +
+           Num(floor_ok && l.status == "ok"
+                   ? f.Median(&RepResult::total_us) / l.Median(&RepResult::total_us)
+                   : NAN);
+    }
     s += ", \"ratio_total\": " +
          Num(both ? v.Median(&RepResult::total_us) / l.Median(&RepResult::total_us) : NAN);
     s += ", \"ratio_open_p50\": " +
@@ -960,8 +1010,8 @@ class Launcher {
   std::vector<RankProc> ranks_;
   std::vector<Config> configs_;
   Config warmup_;
-  bool vmm_unsupported_ = false;
-  std::string vmm_unsupported_reason_;
+  bool unsupported_[kKinds] = {};  // by Kind: every rank refused it once, the rest not run
+  std::string unsupported_reason_[kKinds];
   bool budget_cut_ = false;
   std::vector<std::string> failures_;
   std::map<std::string, uint64_t> counters_;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "all_to_all.h"
+#include "all_to_all_floor.h"
 #include "bench_common.h"
 
 namespace vmmipc_all_to_all {
@@ -27,6 +28,7 @@ struct Opened {
   CUdeviceptr pointer = 0;
   uint32_t rank = 0;    // the exporter
   uint32_t buffer = 0;  // its buffer index
+  FloorMapping floor;   // Kind::kFloor: what the floor mapped (pointer is floor.va)
 };
 
 class Rank {
@@ -61,6 +63,10 @@ class Rank {
     for (const std::string& name : vmmipc_bench::HookedDriverNames(&error)) {
       if (name == "cuIpcGetMemHandle") hooks_ = true;
     }
+    vmmipc_bench::RealDriver real;
+    real_driver_error_.clear();
+    if (!vmmipc_bench::LoadRealDriver(&real, &real_driver_error_) && real_driver_error_.empty())
+      real_driver_error_ = "the real driver's entry points were not found";
   }
 
   // Serves commands until kQuit or the end of the channel.
@@ -105,6 +111,7 @@ class Rank {
         return Alloc(c, reply);
       case Cmd::kHandles:
         all_handles_ = handles;
+        if (static_cast<Kind>(cmd_.kind) == Kind::kFloor) FloorPrepare(reply);
         return;
       case Cmd::kOpen:
         return Open(reply);
@@ -148,7 +155,10 @@ class Rank {
   void Alloc(const Command& c, Reply* reply) {
     Free();  // nothing is left from an earlier phase, whatever happened there
     cmd_ = c;
-    const bool vmm = static_cast<Kind>(c.kind) == Kind::kVmm;
+    const bool floor = static_cast<Kind>(c.kind) == Kind::kFloor;
+    const bool vmm = static_cast<Kind>(c.kind) == Kind::kVmm || floor;
+    if (floor && !real_driver_error_.empty())
+      return Fail(reply, CUDA_SUCCESS, "floor: " + real_driver_error_);
     vmmipc_bench::Layout layout;
     layout.name = "all-to-all";
     layout.chunks.assign(c.chunks, c.chunk_size);
@@ -173,6 +183,7 @@ class Rank {
     }
     CUresult r = cuCtxSynchronize();
     if (r != CUDA_SUCCESS) return Fail(reply, r, CuFailure(r, "cuCtxSynchronize"));
+    if (floor) return FloorHandles(reply);
     for (const OwnedBuffer& b : own_) {
       CUipcMemHandle h;
       const int64_t t0 = NowNs();
@@ -197,6 +208,7 @@ class Rank {
   // Every peer's K handles, each open timed. Peers in the order rank+1, rank+2, ...
   // so that the ranks do not all start with the same exporter.
   void Open(Reply* reply) {
+    if (static_cast<Kind>(cmd_.kind) == Kind::kFloor) return FloorOpen(reply);
     const uint64_t k_count = cmd_.buffers;
     const int n = static_cast<int>(k_count == 0 ? 0 : all_handles_.size() / k_count);
     int failed = 0;
@@ -219,7 +231,7 @@ class Rank {
           continue;
         }
         reply->samples.push_back(static_cast<double>(t1 - t0) * 1e-9);
-        opened_.push_back({p, static_cast<uint32_t>(peer), static_cast<uint32_t>(k)});
+        opened_.push_back({p, static_cast<uint32_t>(peer), static_cast<uint32_t>(k), {}});
       }
     }
     if (failed > 0) {
@@ -270,7 +282,13 @@ class Rank {
     int failed = 0;
     std::string first;
     CUresult first_result = CUDA_SUCCESS;
-    for (const Opened& o : opened_) {
+    for (Opened& o : opened_) {
+      if (o.floor.va != 0) {
+        const int64_t t0 = NowNs();
+        FloorRelease(&o.floor, cmd_.chunk_size);
+        reply->samples.push_back(static_cast<double>(NowNs() - t0) * 1e-9);
+        continue;
+      }
       const int64_t t0 = NowNs();
       const CUresult r = cuIpcCloseMemHandle(o.pointer);
       const int64_t t1 = NowNs();
@@ -292,11 +310,90 @@ class Rank {
 
   // Whatever is still open or allocated (also after a failed phase).
   void Free() {
-    for (const Opened& o : opened_) cuIpcCloseMemHandle(o.pointer);
+    for (Opened& o : opened_) {
+      if (o.floor.va != 0) {
+        FloorRelease(&o.floor, cmd_.chunk_size);
+      } else {
+        cuIpcCloseMemHandle(o.pointer);
+      }
+    }
     opened_.clear();
+    for (FloorPending& p : floor_pending_) {
+      for (int fd : p.fds) close(fd);
+      FloorRelease(&p.opened.floor, cmd_.chunk_size);
+    }
+    floor_pending_.clear();
+    for (int fd : floor_exported_) close(fd);
+    floor_exported_.clear();
     for (OwnedBuffer& b : own_) vmmipc_bench::FreeBuffer(&b);
     own_.clear();
     all_handles_.clear();
+  }
+
+  // Kind::kFloor's get: each chunk's fd exported and kept (timed per buffer,
+  // as a get), and the floor handle naming them.
+  void FloorHandles(Reply* reply) {
+    for (const OwnedBuffer& b : own_) {
+      CUipcMemHandle h;
+      std::string error;
+      const int64_t t0 = NowNs();
+      const bool ok = FloorExport(b, &floor_exported_, &h, &error);
+      const int64_t t1 = NowNs();
+      if (!ok) {
+        reply->samples.clear();
+        reply->handles.clear();
+        return Fail(reply, CUDA_SUCCESS, error);
+      }
+      reply->samples.push_back(static_cast<double>(t1 - t0) * 1e-9);
+      reply->handles.push_back(h);
+    }
+  }
+
+  // Kind::kFloor, before the open (with the handles, outside the launcher's
+  // clock): every peer's fds copied and every range reserved.
+  void FloorPrepare(Reply* reply) {
+    const uint64_t k_count = cmd_.buffers;
+    const int n = static_cast<int>(k_count == 0 ? 0 : all_handles_.size() / k_count);
+    floor_error_.clear();
+    bool not_permitted = false;
+    for (int j = 1; j < n && floor_error_.empty(); ++j) {
+      const int peer = (rank_ + j) % n;
+      for (uint64_t k = 0; k < k_count && floor_error_.empty(); ++k) {
+        FloorPending p;
+        p.opened.rank = static_cast<uint32_t>(peer);
+        p.opened.buffer = static_cast<uint32_t>(k);
+        if (FloorTakeFds(all_handles_[peer * k_count + k], &p.fds, &not_permitted, &floor_error_) &&
+            FloorReserve(cmd_.chunk_size, p.fds.size(), &p.opened.floor, &floor_error_)) {
+          p.opened.pointer = p.opened.floor.va;
+        }
+        floor_pending_.push_back(std::move(p));
+      }
+    }
+    if (!floor_error_.empty()) {
+      Fail(reply, CUDA_SUCCESS, "floor: " + floor_error_);
+      if (not_permitted) reply->head.status = static_cast<int32_t>(Status::kUnsupported);
+    }
+  }
+
+  // Kind::kFloor's open: each buffer's import, map and access, timed.
+  void FloorOpen(Reply* reply) {
+    std::string error = floor_error_;
+    for (FloorPending& p : floor_pending_) {
+      if (error.empty()) {
+        const int64_t t0 = NowNs();
+        const bool ok =
+            FloorImportAndMap(&p.fds, cmd_.chunk_size, device_, &p.opened.floor, &error);
+        const int64_t t1 = NowNs();
+        if (ok) reply->samples.push_back(static_cast<double>(t1 - t0) * 1e-9);
+      }
+      for (int fd : p.fds) close(fd);
+      if (p.opened.floor.va != 0) opened_.push_back(std::move(p.opened));
+    }
+    floor_pending_.clear();
+    if (!error.empty()) {
+      reply->samples.clear();
+      Fail(reply, CUDA_SUCCESS, "floor: " + error);
+    }
   }
 
   const int rank_;
@@ -306,6 +403,14 @@ class Rank {
   int device_count_ = 0;
   bool hooks_ = false;
   std::string init_error_;
+  std::string real_driver_error_;    // why the floor cannot run, if it cannot
+  std::vector<int> floor_exported_;  // Kind::kFloor: the fds this rank exported, kept
+  struct FloorPending {
+    Opened opened;
+    std::vector<int> fds;  // copies of the peer's fds, until imported
+  };
+  std::vector<FloorPending> floor_pending_;  // from the handles to the open
+  std::string floor_error_;                  // why the preparation failed
   Command cmd_;
   std::vector<OwnedBuffer> own_;
   std::vector<CUipcMemHandle> all_handles_;
@@ -326,6 +431,10 @@ long FlagValue(int argc, char** argv, const char* name, long fallback) {
 int RankMain(int argc, char** argv) {
   // Die with the launcher, even inside a hung driver call.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The floor's peers copy this rank's exported fds with pidfd_getfd, which
+  // needs ptrace rights: under Yama's ptrace_scope 1 siblings have them only
+  // by this leave (no Yama: the call fails and changes nothing).
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   const long parent = FlagValue(argc, argv, "--parent", 0);
   if (parent != 0 && getppid() != static_cast<pid_t>(parent)) return 1;
   Rank rank(static_cast<int>(FlagValue(argc, argv, "--rank", 0)),

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The report of run_registration.sh: per (N, K, chunk size), the median over its rounds of
-legacy IPC's, vmmipc's with warm connections and vmmipc's without (cold) registration time (barrier
-release to the last rank done) and open p50, with the ratios to legacy; each run measured legacy
-beside vmmipc in the same rank processes, so legacy's column is the median of both modes' runs.
-Also the fetch alone (vmmipc_fetch_bench's fetch.json), when present. Markdown to stdout and to
-OUT/registration.md. Exit 1 when a run's data was wrong or no run is there."""
+the registration time (barrier release to the last rank done) and open p50 of legacy IPC, of
+vmmipc in each mode that ran (warm: warm connections, the default; cold: a new connection per
+open; prefetch: VMMIPC_PREFETCH with follow), and of the driver's floor (import + map + access
+with the fds in hand, when the runs had --floor), with the ratios to legacy and to the floor.
+Each run measured legacy and the floor beside vmmipc in the same rank processes, so their
+columns are the medians over every mode's runs. Also the fetch alone (vmmipc_fetch_bench's
+fetch.json), when present. Markdown to stdout and to OUT/registration.md. Exit 1 when a run's
+data was wrong or no run is there."""
 import argparse
 import glob
 import json
@@ -12,6 +15,9 @@ import os
 import re
 import statistics
 import sys
+
+
+MODES = ("warm", "cold", "prefetch")
 
 
 def median(values):
@@ -34,7 +40,7 @@ def main():
     runs = {}  # (n, mode) -> list of (config key -> config)
     failed = []
     for path in sorted(glob.glob(os.path.join(args.out, "reg-n*-*-r*.json"))):
-        m = re.match(r"reg-n(\d+)-(warm|cold)-r(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"reg-n(\d+)-(warm|cold|prefetch)-r(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
         with open(path) as f:
@@ -44,16 +50,19 @@ def main():
         n, mode = int(m.group(1)), m.group(2)
         for cfg in data.get("configurations", []):
             key = (n, cfg["per_rank_buffers"], cfg["chunk_size"])
-            runs.setdefault(key, {"legacy": [], "warm": [], "cold": [],
-                                  "legacy_open": [], "warm_open": [], "cold_open": []})
-            row = runs[key]
-            if cfg["legacy"]["status"] == "ok":
-                row["legacy"].append(cfg["legacy"]["total_us"])
-                row["legacy_open"].append(cfg["legacy"]["open_p50_us"])
+            row = runs.setdefault(key, {})
+            for kind in ("legacy", "floor"):
+                part = cfg.get(kind)
+                if part and part["status"] == "ok":
+                    row.setdefault(kind, []).append(part["total_us"])
+                    row.setdefault(kind + "_open", []).append(part["open_p50_us"])
             if cfg["vmmipc"]["status"] == "ok":
-                row[mode].append(cfg["vmmipc"]["total_us"])
-                row[mode + "_open"].append(cfg["vmmipc"]["open_p50_us"])
-    lines = ["# vmmipc registration: warm connections against cold", ""]
+                row.setdefault(mode, []).append(cfg["vmmipc"]["total_us"])
+                row.setdefault(mode + "_open", []).append(cfg["vmmipc"]["open_p50_us"])
+    modes = [m for m in MODES if any(m in row for row in runs.values())]
+    floor_ran = any("floor" in row for row in runs.values())
+    lines = ["# vmmipc registration: %s against legacy IPC%s" % (
+        ", ".join(modes) or "no mode", " and the driver's floor" if floor_ran else ""), ""]
     fetch_path = os.path.join(args.out, "fetch.json")
     if os.path.isfile(fetch_path):
         with open(fetch_path) as f:
@@ -67,19 +76,24 @@ def main():
                                                          fetch[mode]["p90_us"],
                                                          fetch[mode]["p50_us"] / floor))
         lines.append("")
+    columns = ["legacy"] + (["floor"] if floor_ran else []) + modes
+    header = ["N", "K", "size"] + ["%s ms" % c for c in columns]
+    header += ["%s/legacy" % m for m in modes + (["floor"] if floor_ran else [])]
+    header += ["%s/floor" % m for m in (modes if floor_ran else [])]
+    header += ["open p50 us " + " / ".join(columns), "runs " + "+".join(modes)]
     lines += ["## All-to-all registration, one GPU (medians over the rounds)", "",
-              "| N | K | size | legacy ms | warm ms | cold ms | warm/legacy | cold/legacy | "
-              "open p50 us legacy / warm / cold | runs |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for (n, k, size) in sorted(runs):
         row = runs[(n, k, size)]
-        legacy, warm, cold = (median(row[x]) for x in ("legacy", "warm", "cold"))
-        opens = "%s / %s / %s" % tuple(fmt(median(row[x + "_open"])) for x in
-                                       ("legacy", "warm", "cold"))
-        lines.append("| %d | %d | %d MiB | %s | %s | %s | %s | %s | %s | %d+%d |" % (
-            n, k, size >> 20, fmt(legacy and legacy / 1e3), fmt(warm and warm / 1e3),
-            fmt(cold and cold / 1e3), fmt(ratio(warm, legacy), "x"), fmt(ratio(cold, legacy), "x"),
-            opens, len(row["warm"]), len(row["cold"])))
+        total = {c: median(row.get(c, [])) for c in columns}
+        cells = [str(n), str(k), "%d MiB" % (size >> 20)]
+        cells += [fmt(total[c] and total[c] / 1e3) for c in columns]
+        cells += [fmt(ratio(total[m], total["legacy"]), "x")
+                  for m in modes + (["floor"] if floor_ran else [])]
+        cells += [fmt(ratio(total[m], total["floor"]), "x") for m in (modes if floor_ran else [])]
+        cells.append(" / ".join(fmt(median(row.get(c + "_open", []))) for c in columns))
+        cells.append("+".join(str(len(row.get(m, []))) for m in modes))
+        lines.append("| " + " | ".join(cells) + " |")
     if failed:
         lines += ["", "## Failed runs", ""] + ["- " + f for f in failed]
     text = "\n".join(lines) + "\n"
@@ -92,9 +106,13 @@ def main():
     for (n, k, size) in sorted(runs):
         if k == 64 and size == 2 << 20:
             row = runs[(n, k, size)]
-            legacy, warm, cold = (median(row[x]) for x in ("legacy", "warm", "cold"))
-            print("SUMMARY N=%d K=64 x 2 MiB: warm %s legacy, cold %s legacy" % (
-                n, fmt(ratio(warm, legacy), "x"), fmt(ratio(cold, legacy), "x")))
+            legacy = median(row.get("legacy", []))
+            parts = ["%s %s legacy" % (m, fmt(ratio(median(row.get(m, [])), legacy), "x"))
+                     for m in modes]
+            if floor_ran:
+                parts.append("floor %s legacy" % fmt(ratio(median(row.get("floor", [])), legacy),
+                                                    "x"))
+            print("SUMMARY N=%d K=64 x 2 MiB: %s" % (n, ", ".join(parts)))
     with open(os.path.join(args.out, "registration.md"), "w") as f:
         f.write(text)
     return 1 if failed or not runs else 0

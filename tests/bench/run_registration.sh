@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# run_registration.sh: what registering peer buffers costs with and without warm connections
-# (docs/benchmarks.md, "Registration: warm against cold"). For N ranks in {2, 4, 8} on one GPU,
-# vmmipc_all_to_all runs K per-rank buffers in {1, 8, 64} x {2 MiB, 20 MiB}, each run measuring
-# legacy IPC and vmmipc in the same rank processes; the runs alternate between vmmipc with warm
-# connections (VMMIPC_WARM_CONNECTIONS unset: the default) and without (=0: a new connection per
-# open, the path before warm connections), ROUNDS times, so that the host's drift falls on both
-# alike. tests/bench/registration_report.py then prints, per (N, K, size), the medians over the
-# rounds of legacy, warm and cold, and their ratios; and the vmmipc_fetch_bench line of the fetch
-# alone beside a bare round trip (the floor of a fetch on a kept connection).
+# run_registration.sh: what registering peer buffers costs, by vmmipc mode, beside legacy IPC
+# and the driver's floor (docs/benchmarks.md, "Registration"). For N ranks in {2, 4, 8} on one
+# GPU, vmmipc_all_to_all --floor runs K per-rank buffers in {1, 8, 64} x {2 MiB, 20 MiB}, each run
+# measuring legacy IPC, vmmipc and the floor (import + map + access with the fds in hand) in the
+# same rank processes; the runs rotate through the modes of vmmipc, ROUNDS times, so that the
+# host's drift falls on all alike:
+#   warm      the default (warm connections)
+#   cold      VMMIPC_WARM_CONNECTIONS=0: a new connection per open
+#   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=1: fds and mappings ahead of the open
+# tests/bench/registration_report.py then prints, per (N, K, size), the medians over the rounds
+# and the ratios to legacy and to the floor; and the vmmipc_fetch_bench line of the fetch alone
+# beside a bare round trip (the floor of a fetch on a kept connection).
 #
 # Usage: run_registration.sh --bin A2A_BIN --lib LIBVMMIPC --out DIR [--fetch-bin FETCH_BIN]
 #                            [--rounds R] [--reps R] [--budget-s S] [--ranks "2 4 8"]
-#                            [--python PY]
+#                            [--modes "warm cold prefetch"] [--sizes 2MiB,20MiB]
+#                            [--buffers 1,8,64] [--python PY]
 # Exit: 0 when every run saw right data; 1 otherwise (a missed ratio is a result, not a failure).
 set -u
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN="" LIB="" OUT="" FETCH_BIN="" ROUNDS=3 REPS=3 BUDGET=240 RANKS="2 4 8" PYTHON=python3
+MODES="warm cold" SIZES=2MiB,20MiB BUFFERS=1,8,64
 while (($#)); do
   case $1 in
     --bin) BIN=$2; shift 2 ;;
@@ -28,6 +33,9 @@ while (($#)); do
     --budget-s) BUDGET=$2; shift 2 ;;
     --ranks) RANKS=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
+    --modes) MODES=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --buffers) BUFFERS=$2; shift 2 ;;
     *) echo "run_registration.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +50,14 @@ rm -f "$OUT"/reg-*.json "$OUT"/reg-*.log "$OUT"/fetch.json
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
 FAILED=0
-CLEAN_ENV=(-u VMMIPC_RANK -u LOCAL_RANK -u RANK -u VMMIPC_STATS -u VMMIPC_WARM_CONNECTIONS)
+for mode in $MODES; do
+  case $mode in
+    warm | cold | prefetch) ;;
+    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch)" >&2; exit 2 ;;
+  esac
+done
+CLEAN_ENV=(-u VMMIPC_RANK -u LOCAL_RANK -u RANK -u VMMIPC_STATS -u VMMIPC_WARM_CONNECTIONS
+  -u VMMIPC_FOLLOW -u VMMIPC_PREFETCH)
 
 if [[ -n $FETCH_BIN ]]; then
   timeout -k 5 60 "$FETCH_BIN" --rounds=9 --fetches=300 --json="$OUT/fetch.json" \
@@ -51,16 +66,19 @@ fi
 
 # One launcher run: NAME, then the mode's environment, then the launcher's arguments.
 run() {
-  local name=$1 warm=$2 n=$3 left
+  local name=$1 how=$2 n=$3 left
   left=$((DEADLINE - $(date +%s) - 10))
   if ((left < 20)); then
     echo "registration: $name not run: the time budget (${BUDGET}s) is spent"
     return
   fi
   local mode=()
-  [[ $warm == cold ]] && mode=(VMMIPC_WARM_CONNECTIONS=0)
+  case $how in
+    cold) mode=(VMMIPC_WARM_CONNECTIONS=0) ;;
+    prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=1) ;;
+  esac
   timeout -k 5 "$left" env "${CLEAN_ENV[@]}" "${mode[@]}" LD_PRELOAD="$LIB" "$BIN" \
-    --ranks "$n" --gpus 1 --per-rank-buffers 1,8,64 --chunk-size 2MiB,20MiB \
+    --ranks "$n" --gpus 1 --per-rank-buffers "$BUFFERS" --chunk-size "$SIZES" --floor \
     --chunks-per-buffer 1 --reps "$REPS" --timeout-s 60 --budget-s $((left > 30 ? left - 20 : 10)) \
     --json "$OUT/$name.json" >"$OUT/$name.txt" 2>"$OUT/$name.log" </dev/null
   local rc=$?
@@ -70,9 +88,12 @@ run() {
 
 for ((round = 1; round <= ROUNDS; ++round)); do
   for n in $RANKS; do
-    # Which mode goes first alternates with the round.
-    if ((round % 2)); then order=(warm cold); else order=(cold warm); fi
-    for mode in "${order[@]}"; do run "reg-n$n-$mode-r$round" "$mode" "$n"; done
+    # Which mode goes first rotates with the round.
+    read -r -a order <<<"$MODES"
+    for ((i = 0; i < ${#order[@]}; ++i)); do
+      mode=${order[(i + round) % ${#order[@]}]}
+      run "reg-n$n-$mode-r$round" "$mode" "$n"
+    done
   done
 done
 "$PYTHON" "$HERE/registration_report.py" --out "$OUT" || FAILED=1
