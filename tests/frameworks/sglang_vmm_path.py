@@ -14,7 +14,11 @@ same tensors through cuIpcGetMemHandle / cuIpcOpenMemHandle, which works on
 this memory only with vmmipc preloaded. Both read every peer tensor back.
 
   torchrun --nproc-per-node 2 sglang_vmm_path.py --sglang-src DIR [--tensors 16]
-      [--tensor-mib 8] [--rounds 3] [--out JSON]
+      [--tensor-mib 8] [--rounds 3] [--out JSON] [--lanes sglang,legacy]
+
+--lanes legacy runs the legacy-IPC lane alone (no SGLang tree needed), for the reference of
+legacy IPC on cudaMalloc memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, no vmmipc):
+tests/bench/sglang_registration.py runs the three side by side.
 
 Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. One rank per GPU
 when there are two, else both on GPU 0. Prints CHECK <name> PASS|FAIL lines,
@@ -121,27 +125,32 @@ def sglang_round(vmm, tensors, rank, world, device_id):
 
 
 def legacy_round(tensors, rank, world):
-    """Legacy IPC on the same tensors: get, all_gather, open every peer tensor."""
+    """Legacy IPC on the same tensors, as PyTorch shares a CUDA tensor: the handle of the
+    allocation under it (cuMemGetAddressRange: a cudaMalloc segment, or an expandable segment's
+    chunk), the offset sent beside it; all_gather; every peer tensor opened, offset added (a
+    second open of one allocation's handle is the driver's reference-counted reopen)."""
     dist.barrier()
     t0 = time.perf_counter()
     mine = []
     for t in tensors:
-        err, handle = drv.cuIpcGetMemHandle(t.data_ptr())
+        err, base, _ = drv.cuMemGetAddressRange(t.data_ptr())
+        if err == drv.CUresult.CUDA_SUCCESS:
+            err, handle = drv.cuIpcGetMemHandle(base)
         if err != drv.CUresult.CUDA_SUCCESS:
             return err, None, 0.0
-        mine.append(bytes(handle.reserved))
+        mine.append((bytes(handle.reserved), t.data_ptr() - int(base)))
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     opened = {}
     for peer in range(world):
         if peer == rank:
             continue
-        for index, raw in enumerate(everyone[peer]):
+        for index, (raw, offset) in enumerate(everyone[peer]):
             handle = drv.CUipcMemHandle()
             handle.reserved = raw
             pointer = ok(drv.cuIpcOpenMemHandle(
                 handle, drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
-            opened[(peer, index)] = int(pointer)
+            opened[(peer, index)] = (int(pointer), offset)
     torch.cuda.synchronize()
     return drv.CUresult.CUDA_SUCCESS, opened, time.perf_counter() - t0
 
@@ -149,12 +158,19 @@ def legacy_round(tensors, rank, world):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sglang-src", required=True)
+    parser.add_argument("--sglang-src")
+    parser.add_argument("--lanes", default="sglang,legacy",
+                        help="comma list of sglang (SGLang's own VMM path) and legacy (IPC)")
     parser.add_argument("--tensors", type=int, default=16)
     parser.add_argument("--tensor-mib", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
+    lanes = set(args.lanes.split(","))
+    if not lanes or not lanes <= {"sglang", "legacy"}:
+        parser.error("--lanes takes sglang and/or legacy")
+    if "sglang" in lanes and not args.sglang_src:
+        parser.error("the sglang lane needs --sglang-src")
 
     local_rank = int(os.environ["LOCAL_RANK"])
     gpus = torch.cuda.device_count()
@@ -164,7 +180,8 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     preloaded = "libvmmipc" in os.environ.get("LD_PRELOAD", "")
-    vmm, path = load_sglang_vmm_utils(args.sglang_src)
+    vmm, path = (load_sglang_vmm_utils(args.sglang_src) if "sglang" in lanes
+                 else (None, "not loaded (--lanes legacy)"))
     print(f"rank{rank}: GPU {device_id} of {gpus}; SGLang module {path}; vmmipc preloaded: "
           f"{preloaded}; allocator: {os.environ.get('PYTORCH_CUDA_ALLOC_CONF', 'default')}",
           flush=True)
@@ -174,57 +191,28 @@ def main():
     for round_index in range(args.rounds):
         tensors = [pattern(rank, i, nbytes, device) for i in range(args.tensors)]
         torch.cuda.synchronize()
-        check_vmm = vmm.is_vmm_pointer(tensors[0].data_ptr())
-        if round_index == 0:
-            check("tensors_are_vmm_memory", check_vmm,
-                  "(cuMemRetainAllocationHandle works: expandable segments)")
-
-        use_fabric, mapped, layouts, elapsed = sglang_round(vmm, tensors, rank, world, device_id)
-        sglang_times.append(elapsed)
-        right = 0
-        for peer in range(world):
-            if peer == rank:
-                continue
-            peer_where = layouts[peer][1]
-            for index, (base_index, offset) in enumerate(peer_where):
-                va, _ = mapped[(peer, base_index)]
-                got = read_back(va + offset, 4096, device)
-                right += bool(torch.equal(got, pattern(peer, index, 4096, device)))
-        expected = (world - 1) * args.tensors
-        if round_index == 0:
-            check("sglang.path_reads_peer_tensors", right == expected,
-                  f"{right}/{expected} peer tensors right through SGLang's mappings "
-                  f"({'FABRIC' if use_fabric else 'POSIX fds'}, {len(mapped)} allocations)")
-        vmm.release_mappings([(va, size, [(0, size)]) for va, size in mapped.values()])
-
-        err, opened, elapsed = legacy_round(tensors, rank, world)
-        if opened is None:
-            if round_index == 0:
-                check("legacy.refused_without_vmmipc",
-                      not preloaded and err == drv.CUresult.CUDA_ERROR_INVALID_VALUE,
-                      f"cuIpcGetMemHandle on expandable-segment memory: {err.name}")
-        else:
-            legacy_times.append(elapsed)
-            right = sum(bool(torch.equal(read_back(pointer, 4096, device),
-                                         pattern(peer, index, 4096, device)))
-                        for (peer, index), pointer in opened.items())
-            if round_index == 0:
-                check("legacy.reads_peer_tensors_with_vmmipc", preloaded and right == len(opened),
-                      f"{right}/{len(opened)} peer tensors right through cuIpcOpenMemHandle")
-            pointers.append(sorted(opened.items()))
-            for pointer in opened.values():
-                ok(drv.cuIpcCloseMemHandle(pointer), "cuIpcCloseMemHandle")
+        if "sglang" in lanes:
+            sglang_lane(vmm, tensors, rank, world, device_id, device, round_index, sglang_times,
+                        args.tensors)
+        if "legacy" in lanes:
+            legacy_lane(tensors, rank, world, device, round_index, preloaded, legacy_times,
+                        pointers)
         dist.barrier()
         del tensors
         torch.cuda.empty_cache()
 
-    sglang_ms = statistics.median(sglang_times) * 1e3
-    line = f"MEASURE rank{rank} sglang_path_ms {sglang_ms:.2f}"
+    line = f"MEASURE rank{rank}"
     result = {"rank": rank, "preloaded": preloaded, "sglang_ms": sglang_times,
-              "legacy_ms": legacy_times, "tensors": args.tensors, "tensor_mib": args.tensor_mib}
+              "legacy_ms": legacy_times, "tensors": args.tensors, "tensor_mib": args.tensor_mib,
+              "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")}
+    sglang_ms = statistics.median(sglang_times) * 1e3 if sglang_times else None
+    if sglang_ms is not None:
+        line += f" sglang_path_ms {sglang_ms:.2f}"
     if legacy_times:
         legacy_ms = statistics.median(legacy_times) * 1e3
-        line += f" vmmipc_legacy_ipc_ms {legacy_ms:.2f} ratio_vmmipc_over_sglang {legacy_ms / sglang_ms:.2f}"
+        line += f" {'vmmipc_' if preloaded else ''}legacy_ipc_ms {legacy_ms:.2f}"
+        if sglang_ms is not None:
+            line += f" ratio_vmmipc_over_sglang {legacy_ms / sglang_ms:.2f}"
         result["first_peer_pointers"] = [hex(p) for _, p in pointers[0][:2]] if pointers else []
     print(line + f" (medians of {args.rounds} rounds, {args.tensors} x {args.tensor_mib} MiB "
           f"tensors a rank)", flush=True)
@@ -236,6 +224,52 @@ def main():
     dist.barrier()
     dist.destroy_process_group()
     return 1 if failed else 0
+
+
+def sglang_lane(vmm, tensors, rank, world, device_id, device, round_index, sglang_times, count):
+    """SGLang's own path on the tensors, timed, every peer tensor read back."""
+    if round_index == 0:
+        check("tensors_are_vmm_memory", vmm.is_vmm_pointer(tensors[0].data_ptr()),
+              "(cuMemRetainAllocationHandle works: expandable segments)")
+    use_fabric, mapped, layouts, elapsed = sglang_round(vmm, tensors, rank, world, device_id)
+    sglang_times.append(elapsed)
+    right = 0
+    for peer in range(world):
+        if peer == rank:
+            continue
+        for index, (base_index, offset) in enumerate(layouts[peer][1]):
+            va, _ = mapped[(peer, base_index)]
+            got = read_back(va + offset, 4096, device)
+            right += bool(torch.equal(got, pattern(peer, index, 4096, device)))
+    expected = (world - 1) * count
+    if round_index == 0:
+        check("sglang.path_reads_peer_tensors", right == expected,
+              f"{right}/{expected} peer tensors right through SGLang's mappings "
+              f"({'FABRIC' if use_fabric else 'POSIX fds'}, {len(mapped)} allocations)")
+    vmm.release_mappings([(va, size, [(0, size)]) for va, size in mapped.values()])
+
+
+def legacy_lane(tensors, rank, world, device, round_index, preloaded, legacy_times, pointers):
+    """Legacy IPC on the tensors, timed, every peer tensor read back, every open closed.
+    On expandable-segment memory only vmmipc makes it work; on cudaMalloc memory the driver."""
+    err, opened, elapsed = legacy_round(tensors, rank, world)
+    if opened is None:
+        if round_index == 0:
+            check("legacy.refused_without_vmmipc",
+                  not preloaded and err == drv.CUresult.CUDA_ERROR_INVALID_VALUE,
+                  f"cuIpcGetMemHandle on expandable-segment memory: {err.name}")
+        return
+    legacy_times.append(elapsed)
+    right = sum(bool(torch.equal(read_back(pointer + offset, 4096, device),
+                                 pattern(peer, index, 4096, device)))
+                for (peer, index), (pointer, offset) in opened.items())
+    if round_index == 0:
+        check("legacy.reads_peer_tensors" + ("_with_vmmipc" if preloaded else ""),
+              right == len(opened),
+              f"{right}/{len(opened)} peer tensors right through cuIpcOpenMemHandle")
+    pointers.append(sorted((key, pointer + offset) for key, (pointer, offset) in opened.items()))
+    for pointer, _ in opened.values():
+        ok(drv.cuIpcCloseMemHandle(pointer), "cuIpcCloseMemHandle")
 
 
 if __name__ == "__main__":
