@@ -4,6 +4,7 @@
 
 #include <link.h>
 
+#include <cstddef>
 #include <cstring>
 
 namespace vmmipc {
