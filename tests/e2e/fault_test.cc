@@ -798,6 +798,56 @@ TEST_F(Fault, GetExportsItsChunkAheadOncePerChunk) {
   EXPECT_EQ(RestingFdsOf(exporter->pid()), warm + 1) << "a second get of the chunk exported again";
 }
 
+// VMMIPC_EXPORT_IN_GET: by default get exports its chunk before it returns
+// (so that no export runs while peers import the handle); with 0 it returns
+// at once and a listener worker exports. The simulator holds the export for
+// a second: get's time says on which side of it the handle left.
+TEST_F(Fault, GetExportsItsChunkBeforeItReturnsUnlessToldToQueueIt) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's injected delay";
+  for (const char* in_get : {"1", "0"}) {
+    SCOPED_TRACE(std::string("VMMIPC_EXPORT_IN_GET=") + in_get);
+    auto exporter = Peer(std::string("exporter") + in_get, "0", {{"VMMIPC_EXPORT_IN_GET", in_get}});
+    auto importer = Peer(std::string("importer") + in_get, "1");
+    // The process's first export (and its warm-up) done first.
+    OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 44)), kChunk, 44);
+    const uint64_t base = VmmBuffer(*exporter, "a", 1, 45);
+    const int fds_before_get = RestingFdsOf(exporter->pid());
+    ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1000"), "ok");
+    const auto start = Clock::now();
+    const std::string handle = Handle(*exporter, base);
+    const int64_t get_ms = MsSince(start);
+    if (std::string(in_get) == "1") {
+      EXPECT_GE(get_ms, 1000) << "get returned before its chunk was exported";
+      EXPECT_EQ(FdsOf(exporter->pid()), fds_before_get + 1) << "not exported when get returned";
+    } else {
+      EXPECT_LT(get_ms, 800) << "get waited for the export";
+      // The worker sleeps in the held export: "at rest" would not wait for it.
+      EXPECT_TRUE(WaitUntil([&] { return FdsOf(exporter->pid()) == fds_before_get + 1; }))
+          << "the worker did not export it";
+    }
+    EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get + 1) << "one export, kept";
+    OpenCheckClose(*importer, handle, kChunk, 45);
+    EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get + 1) << "the open exported again";
+  }
+}
+
+// An export that fails in get costs the get nothing: the handle is made, and
+// the chunk is exported when its first request comes.
+TEST_F(Fault, AnExportThatFailsInGetIsDoneAtTheFirstRequest) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's injected failure";
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  OpenCheckClose(*importer, Handle(*exporter, VmmBuffer(*exporter, "warm", 1, 46)), kChunk, 46);
+  const uint64_t base = VmmBuffer(*exporter, "a", 1, 47);
+  const int fds_before_get = RestingFdsOf(exporter->pid());
+  ASSERT_TRUE(Inject(*exporter, "cuMemExportToShareableHandle", 1, CUDA_ERROR_OUT_OF_MEMORY));
+  const std::string handle = Handle(*exporter, base);
+  ASSERT_FALSE(handle.empty());
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get) << "nothing kept of the failed export";
+  OpenCheckClose(*importer, handle, kChunk, 47);
+  EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get + 1) << "exported at the request";
+}
+
 // VMMIPC_EXPORT_ON_MAP=1: a process that has shared VMM memory exports each
 // chunk it maps afterwards at once, without a get, so the open of its later
 // handle exports nothing; a process that never shared exports nothing on

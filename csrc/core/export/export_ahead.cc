@@ -1,8 +1,8 @@
 // Export ahead: a chunk's fd exported into the cache before its first
-// request, on a listener worker, so that the importer's open finds an fd to
-// dup instead of waiting for the export, and the export does not run while
-// peers import (measured: an export beside a peer's imports doubles their
-// driver time).
+// request, in get or on a listener worker, so that the importer's open finds
+// an fd to dup instead of waiting for the export, and the export does not run
+// while peers import (measured: an export beside a peer's imports doubles
+// their driver time).
 #include "core/export/export_ahead.h"
 
 #include <optional>
@@ -19,8 +19,8 @@ namespace {
 // Exports the chunk at `address` into the cache unless it is there already.
 // An export costs tens of microseconds, and the process's first export (or
 // the first after every exported chunk was unmapped) far more for the
-// driver's export set-up (docs/driver-behaviour.md#export-cliff). Frameworks get every handle,
-// exchange them, then open: the exports run while the handles travel.
+// driver's export set-up (docs/driver-behaviour.md#export-cliff). Frameworks
+// get every handle, exchange them, then open.
 void ExportAhead(uint64_t address) {
   ExportSide& exporter = Exporter();
   std::optional<ledger::VmmMapping> chunk = exporter.mappings().Find(address);
@@ -43,6 +43,15 @@ void DrainExportAhead() {
 }
 
 }  // namespace
+
+void ExportInGet(uint64_t address) noexcept {
+  try {
+    ExportAhead(address);
+  } catch (...) {
+    // Out of memory in the table: the first request exports it instead.
+    VMMIPC_LOG_DEBUG("exporting 0x{:x} in get failed; it will be exported when asked", address);
+  }
+}
 
 void QueueExportAhead(ExportSide& exporter, uint64_t address) noexcept {
   if (!exporter.QueueExportAhead(address)) return;

@@ -1,5 +1,6 @@
-// Export ahead: chunks queued for export into the exported-fd cache before
-// their first request, drained by one listener task at a time.
+// Export ahead: chunks exported into the exported-fd cache before their first
+// request, by get itself (VMMIPC_EXPORT_IN_GET) or queued and drained by one
+// listener task at a time.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,13 @@ namespace vmmipc::core {
 // listener worker. Get itself only pushes an address (and posts one task per
 // batch). Best effort: a chunk not queued is exported when first requested.
 void QueueExportAhead(ExportSide& exporter, uint64_t address) noexcept;
+
+// VMMIPC_EXPORT_IN_GET (the default), from get: exports the chunk at
+// `address` on the calling thread before its handle leaves the process, so
+// that no export runs while peers import (an export beside a peer's imports
+// made them 2-3x slower, measured). Best effort: a failed export is said at
+// debug level and done again when the chunk is first requested.
+void ExportInGet(uint64_t address) noexcept;
 
 // VMMIPC_EXPORT_ON_MAP, from the cuMemMap hook: queues the chunk mapped at
 // `base` when this process has shared VMM memory before (its listener runs),

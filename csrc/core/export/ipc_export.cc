@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/log.h"
+#include "config/params.h"
 #include "core/export/export_ahead.h"
 #include "core/export/export_listener.h"
 #include "core/export/rank_slot.h"
@@ -69,7 +70,12 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   handle.capability = transport::wire::Capability(self.secret, FieldsOf(handle));
   ledger::EncodeHandle(handle, reinterpret_cast<unsigned char*>(out->reserved));
   stats::Count(stats::Counter::kHandlesExported);
-  if (!chunk.export_cached && chunk.posix_fd_exportable) QueueExportAhead(exporter, chunk.base);
+  if (!chunk.export_cached && chunk.posix_fd_exportable) {
+    if (config::Get().export_in_get)
+      ExportInGet(chunk.base);
+    else
+      QueueExportAhead(exporter, chunk.base);
+  }
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;
