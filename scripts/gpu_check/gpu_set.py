@@ -414,10 +414,11 @@ def check_set(ctx):
                  when_doc="cuda.bindings importable (else the driver floor row says so)",
                  run=[Cmd(["python3", "tests/bench/open_sequence_probe.py", "--iters", "120"], 60,
                           env={"LD_PRELOAD": ""})]),
-            # Warm connections against cold (a new connection per open) in alternated
-            # all-to-all runs, N=2 and 4 on one GPU, legacy IPC in each; the fetch alone beside a
-            # bare round trip of one fd (run_registration.sh, registration_report.py).
-            Step("registration", banner="registration: warm connections against cold",
+            # vmmipc's modes (warm connections, cold: a new connection per open, prefetch) in
+            # rotated all-to-all runs, N=2 and 4 on one GPU, legacy IPC and the driver's floor in
+            # each; the fetch alone beside a bare round trip of one fd (run_registration.sh,
+            # registration_report.py).
+            Step("registration", banner="registration: vmmipc's modes, legacy and the floor",
                  log="registration.log", skip_key="registration", judge=judge_registration,
                  gates=[Gate("{a2a_bin} built", lambda c: os.access(c.path(c.a2a_bin), os.X_OK),
                              FAIL, "{a2a_bin} not built (see build.log)"),
@@ -426,7 +427,7 @@ def check_set(ctx):
                  run=[Cmd(["bash", "tests/bench/run_registration.sh", "--bin", "{a2a_bin}",
                            "--lib", "{lib}", "--fetch-bin", "{fetch_bin}", "--out",
                            "{out}/registration", "--ranks", "2 4", "--rounds", "2", "--reps", "2",
-                           "--budget-s", "90"], 110)]),
+                           "--modes", "warm cold prefetch", "--budget-s", "110"], 130)]),
             # NIXL's UCX backend, two processes on GPU 0: one-sided READ and WRITE of PyTorch
             # tensors with expandable segments, with and without vmmipc, with pidfd_getfd refused
             # by a seccomp filter, and cudaMalloc memory as the reference; every byte checked.
