@@ -1,8 +1,9 @@
 // What the listener tests share (transport_listener_test.cc,
 // transport_listener_bounds_test.cc): the exporter's secret, fake pids for
 // socket names, a handler granting memfd chunks, a genuine request for its
-// handle, options, a forked child to run a body in, and the fixture that
-// checks that no fd was left behind.
+// handle, options, a forked child to run a body in, a raw importer that
+// sends its request and reads the reply when told, a hold point for the
+// workers, and the fixture that checks that no fd was left behind.
 #pragma once
 
 #include <fcntl.h>
@@ -14,8 +15,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "transport/reaper/fd_reaper.h"
 #include "transport/serve/listener/listener.h"
 #include "transport/socket_address.h"
+#include "transport/socket_io.h"
 #include "transport/wire.h"
 
 namespace vmmipc::transport::listener_test {
@@ -144,6 +148,96 @@ inline int InChild(const std::function<int()>& body) {
   int status = 0;
   if (waitpid(child, &status, 0) != child) return -2;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+// Where ByAddress's long reply is asked for (kBase + 16 is a short one).
+inline constexpr uint64_t kLongReplyAddress = kBase + 32;
+
+// A handler granting `long_chunks` chunks (more than one message holds: a
+// worker sends them) for kLongReplyAddress, and one for any other address;
+// counts its calls in `*calls`.
+inline ServeHandler ByAddress(size_t long_chunks, std::atomic<int>* calls) {
+  return [long_reply = ChunksHandler(long_chunks), short_reply = ChunksHandler(1),
+          calls](const ServeRequest& r) {
+    ++*calls;
+    return r.address == kLongReplyAddress ? long_reply(r) : short_reply(r);
+  };
+}
+
+// An importer at the socket level: connected, its request for the handle of
+// `address` (under pid's name) sent, the reply not read until ReadReply.
+struct RawImporter {
+  ScopedFd fd;
+  wire::Request request;
+
+  // The reply's status (0: granted, every batch read and its fds closed), -1
+  // when nothing came within `ms`, -2 when a message does not verify.
+  int ReadReply(int ms) const {
+    std::vector<uint8_t> buffer(wire::kMaxReplySize);
+    const Deadline deadline = Deadline::AfterMs(ms);
+    while (true) {
+      ReceivedMessage m;  // its fds close with it
+      if (!ReceiveMessage(fd.get(), buffer, &m, deadline).ok()) return -1;
+      wire::ReplyHeader h;
+      std::vector<wire::ReplyEntry> entries;
+      if (wire::ParseReply(std::span<const uint8_t>(buffer.data(), m.length), request.nonce,
+                           wire::KeyFor(kSecret, request.handle), &h,
+                           &entries) != wire::WireError::kOk)
+        return -2;
+      if (h.status != 0 || h.batch_index + 1 >= h.batch_count) return h.status;
+    }
+  }
+};
+
+inline RawImporter SendRawRequest(uint32_t pid, uint64_t address, uint8_t nonce = 0x5a) {
+  RawImporter importer;
+  importer.request.handle = Request(pid).handle;
+  importer.request.handle.address = address;
+  importer.request.nonce.fill(nonce);
+  EXPECT_TRUE(ConnectSeqpacket(AbstractAddress(pid), Deadline::AfterMs(1000), &importer.fd).ok());
+  const auto bytes =
+      wire::EncodeRequest(importer.request, wire::KeyFor(kSecret, importer.request.handle));
+  EXPECT_TRUE(SendMessage(importer.fd.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
+  return importer;
+}
+
+// A hold point for the listener's workers: a task posted with Block keeps
+// its worker until Release (or the hold point's end). Held through a
+// shared_ptr by the task, so that a test that ends early cannot leave the
+// worker waiting on freed memory, nor the listener's stop on the worker.
+class WorkerHold {
+ public:
+  ~WorkerHold() { Release(); }
+  void Block() {
+    std::unique_lock lock(mutex_);
+    held_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return released_; });
+  }
+  // Whether a worker is blocked here (waits at most `ms`).
+  bool WaitHeld(int ms) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return held_; });
+  }
+  void Release() {
+    std::lock_guard lock(mutex_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool held_ = false;
+  bool released_ = false;
+};
+
+// Keeps the one worker of `listener` (max_workers 1) on a WorkerHold until
+// it is released; nullptr when it did not get there within a second.
+inline std::shared_ptr<WorkerHold> HoldTheWorker(Listener* listener) {
+  auto hold = std::make_shared<WorkerHold>();
+  listener->Post([hold] { hold->Block(); });
+  return hold->WaitHeld(1000) ? hold : nullptr;
 }
 
 class TransportListener : public ::testing::Test {

@@ -18,6 +18,7 @@ TEST(TransportFdBudget, CapsAreShareOfTheFreeFds) {
   EXPECT_EQ(caps.watchers, 106u);
   EXPECT_EQ(caps.others_waiting, 26u);
   EXPECT_EQ(caps.per_other_uid, 13u);
+  EXPECT_EQ(caps.queued_reply_fds, 53u);  // the fds of replies waiting for a worker
   // The listener's own connections count as free: the same host, holding 100.
   caps = CapsFor(1024, 700, 100);
   EXPECT_EQ(caps.own_waiting, 106u);
@@ -28,6 +29,7 @@ TEST(TransportFdBudget, CapsAreShareOfTheFreeFds) {
   EXPECT_EQ(caps.watchers, kMaxWatchConnections);
   EXPECT_EQ(caps.others_waiting, kMaxOthersWaiting);
   EXPECT_EQ(caps.per_other_uid, kMaxPerOtherUid);
+  EXPECT_EQ(caps.queued_reply_fds, kMaxQueuedReplyFds);
   // A host at its limit (or past it, after a lowered limit) is still served, one at a time.
   for (size_t open : {1024u, 2000u}) {
     caps = CapsFor(1024, open, 0);
@@ -35,6 +37,7 @@ TEST(TransportFdBudget, CapsAreShareOfTheFreeFds) {
     EXPECT_EQ(caps.watchers, 1u) << open;
     EXPECT_EQ(caps.others_waiting, 1u) << open;
     EXPECT_EQ(caps.per_other_uid, 1u) << open;
+    EXPECT_EQ(caps.queued_reply_fds, 1u) << open;  // one reply may wait whatever its size
   }
 }
 

@@ -61,6 +61,7 @@ ConnectionCaps CapsFor(size_t limit, size_t open, size_t held) {
   caps.per_other_uid = Clamp(caps.others_waiting / 2, kMaxPerOtherUid);
   // None at all when fds are that short: a kept connection is a convenience.
   caps.kept = std::min(free / 8, kMaxKeptConnections);
+  caps.queued_reply_fds = Clamp(free / 8, kMaxQueuedReplyFds);
   return caps;
 }
 

@@ -1,7 +1,9 @@
 // FdBudget: how many descriptors the listener may spend on peers' connections,
 // so that no peer can take the host's last ones (issue 26). Every connection
 // the listener holds is an fd of the host process: one accepted and waiting
-// for its request, or kept as a watch connection. The caps below are a
+// for its request, kept for its importer's next request or as a watch
+// connection, or queued with its reply's chunk fds for a worker (issue 36).
+// The caps below are a
 // fraction of the host's free fds (RLIMIT_NOFILE less the fds open, counted
 // in /proc/self/fd), measured when the listener starts, when accept() fails
 // for lack of fds and when it works again after that, and again, at most
@@ -38,20 +40,31 @@ inline constexpr size_t kMaxWatchConnections = 1024;
 //   most kMaxKeptPerPeer here, so that one process cannot take them all.
 inline constexpr size_t kMaxKeptConnections = 1024;
 inline constexpr size_t kMaxKeptPerPeer = 8;
+// - the fds of the replies queued for a worker (listener_workers.h): each is
+//   its connection and one fd per chunk (more than a message holds: 254 at
+//   least), dups the host holds until a worker sends them; a same-uid peer
+//   that asks again and again while the workers are busy (each sending to a
+//   peer that does not read) would queue them without end. 8192 is 32
+//   replies of 256 chunks waiting at once, more than a node's importers
+//   ask for while the workers are busy. One reply may always wait when none
+//   does, whatever its size, so that a host short of fds is still served.
+inline constexpr size_t kMaxQueuedReplyFds = 8192;
 
 // The caps now. Each class gets a share of the fds the host has free (those
-// it has not opened itself, the listener's own connections counted as free):
-// a quarter for our uid's waiting connections, a quarter for watch
-// connections, an eighth for kept ones, a sixteenth for other users'. All of
-// them full at once leave the host 5/16 of what it had free; never less than
-// one of each (kept: none), so that a host at its limit is still served, one
-// peer at a time.
+// it has not opened itself, the listener's own connections and queued
+// replies counted as free): a quarter for our uid's waiting connections, a
+// quarter for watch connections, an eighth for kept ones, an eighth for the
+// fds of queued replies, a sixteenth for other users'. All of them full at
+// once leave the host 3/16 of what it had free; never less than one of each
+// (kept: none; queued replies: one reply, whatever its size), so that a host
+// at its limit is still served, one peer at a time.
 struct ConnectionCaps {
   size_t own_waiting = kMaxOwnWaiting;
   size_t others_waiting = kMaxOthersWaiting;
   size_t per_other_uid = kMaxPerOtherUid;
   size_t watchers = kMaxWatchConnections;
   size_t kept = kMaxKeptConnections;
+  size_t queued_reply_fds = kMaxQueuedReplyFds;
 };
 // For a process that may open `limit` fds and has `open` open, `held` of them
 // the listener's connections.

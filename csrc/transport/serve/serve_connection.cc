@@ -335,6 +335,17 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
   return prepared;
 }
 
+void RefuseRequest(PendingRequest request, RefuseReason reason, const std::string& why,
+                   const ServeContext& context) noexcept {
+  Guarded(context, [&] {
+    SendRefusal(request.fd.get(), context, request.key, request.peer, request.nonce,
+                request.request.address, reason, why,
+                std::min(context.timeout.ms(), kRefusalSendMs));
+    return true;
+  });
+  GiveUp(request, context);
+}
+
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
   Close(SendReplyKeeping(std::move(request), std::move(reply), context), context);
 }

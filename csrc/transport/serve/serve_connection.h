@@ -97,6 +97,12 @@ void DropOverCap(Connection connection, const ServeContext& context,
 // Runs the handler and checks its reply. False when a refusal was sent
 // instead (the connection is then closed); true: send `*reply` with SendReply.
 bool PrepareReply(PendingRequest& request, const ServeContext& context, ServeReply* reply) noexcept;
+// Refuses an authenticated request that is not answered after all (the
+// listener is busy: its queue for the workers is full): `reason` sent,
+// logged with `why` (rate-limited), the connection closed. The caller
+// closes the reply's fds.
+void RefuseRequest(PendingRequest request, RefuseReason reason, const std::string& why,
+                   const ServeContext& context) noexcept;
 // Sends the reply's batches with their fds, then closes the connection, or
 // keeps it as a watch connection (the request asked, the context has watchers).
 void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept;

@@ -1,7 +1,8 @@
 // The listener's admission (admission.h): which accepted connections may
-// wait for their request, by class, within caps the host's free fds set
-// (fd_budget.h), measured again when a class is full; the newest past a cap
-// is closed at once.
+// wait for their request, by class, and which replies may wait for a worker,
+// within caps the host's free fds set (fd_budget.h), measured again when a
+// class is full; the newest connection past a cap is closed at once, a reply
+// past the queue's cap refused.
 #include "transport/serve/listener/admission.h"
 
 #include <algorithm>
@@ -65,10 +66,30 @@ void Admission::Keep(ScopedFd fd, const PeerCredentials& peer) noexcept {
   kept.push_back(Connection{std::move(fd), peer, Deadline::AfterMs(kKeptIdleMs), true});
 }
 
-// The connections the listener holds: waiting, kept and watch connections.
+// Only the poll thread queues replies (the workers take them off, posted
+// tasks hold no fds): what it reads here is the most the queue holds until
+// its Dispatch.
+bool Admission::MayQueue(size_t fds, std::string* why) noexcept {
+  const size_t queued = workers_->queued_fds();
+  auto fits = [&] { return queued == 0 || queued + fds <= budget.caps().queued_reply_fds; };
+  // Full: perhaps the host has closed fds since the cap was set.
+  if (fits() || (RefreshBudget() && fits())) return true;
+  try {
+    *why = fmt::format(
+        "busy: replies holding {} fds wait for a worker already, and this one holds {} (at most "
+        "{} while {} of this process's {} fds are free)",
+        queued, fds, budget.caps().queued_reply_fds, budget.free_fds(), budget.limit());
+  } catch (...) {
+    // Refused all the same, without the reason.
+  }
+  return false;
+}
+
+// The fds the listener holds: waiting, kept and watch connections, and the
+// replies queued for a worker.
 size_t Admission::Held() const noexcept {
   return waiting.size() + kept.size() +
-         (context_->watchers != nullptr ? context_->watchers->count() : 0);
+         (context_->watchers != nullptr ? context_->watchers->count() : 0) + workers_->queued_fds();
 }
 
 void Admission::MeasureBudget(bool out_of_fds) noexcept {

@@ -1,10 +1,11 @@
 // The listener's admission: the connections accepted whose request is not
 // read yet, counted by class (our uid's, other uids' together, each other
 // uid's), the connections kept after a reply for their importer's next
-// request, the caps the host's free fds set for each class (fd_budget.h),
-// measured again when a class is full, and when accept() may run again after
-// it failed. The poll thread's only (listener_poll.cc); the newest
-// connection past a cap is closed at once.
+// request, whether a reply may wait for a worker, the caps the host's free
+// fds set for each class (fd_budget.h), measured again when a class is full,
+// and when accept() may run again after it failed. The poll thread's only
+// (listener_poll.cc); the newest connection past a cap is closed at once, a
+// reply past the queue's cap refused.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "transport/serve/fd_budget.h"
+#include "transport/serve/listener/listener_workers.h"
 #include "transport/serve/serve_connection.h"
 #include "transport/serve/watch/watchers.h"
 #include "transport/socket_io.h"
@@ -21,9 +23,10 @@ namespace vmmipc::transport {
 
 class Admission {
  public:
-  // `context` and `watchers` (the listener's) outlive this object.
-  Admission(const ServeContext* context, Watchers* watchers) noexcept
-      : context_(context), watchers_(watchers) {}
+  // `context`, `watchers` and `workers` (the listener's) outlive this object.
+  Admission(const ServeContext* context, Watchers* watchers,
+            const ListenerWorkers* workers) noexcept
+      : context_(context), watchers_(watchers), workers_(workers) {}
 
   // A connection that must wait for its request, if its class has room; the
   // newest of a full class is closed at once.
@@ -34,7 +37,12 @@ class Admission {
   // (warm connections) within the kept connections' cap and kMaxKeptPerPeer
   // for its peer process; else closes it (the importer connects again).
   void Keep(ScopedFd fd, const PeerCredentials& peer) noexcept;
-  // The connections the listener holds: waiting, kept and watch connections.
+  // Whether a reply holding `fds` fds (its connection and chunks) may wait
+  // for a worker: always when none waits, else within the queue's cap; else
+  // false, with why not in `*why` for the refusal.
+  bool MayQueue(size_t fds, std::string* why) noexcept;
+  // The fds the listener holds: waiting, kept and watch connections, and
+  // the replies queued for a worker.
   size_t Held() const noexcept;
   void MeasureBudget(bool out_of_fds) noexcept;
   bool RefreshBudget() noexcept;
@@ -58,6 +66,7 @@ class Admission {
  private:
   const ServeContext* context_;
   Watchers* watchers_;
+  const ListenerWorkers* workers_;
 };
 
 }  // namespace vmmipc::transport

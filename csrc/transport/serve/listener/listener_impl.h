@@ -41,7 +41,7 @@ struct ListenerImpl {
   // std::thread calls std::terminate, and joining a thread that does not
   // exist in the child would hang.
   std::unique_ptr<std::thread> thread;
-  Admission admission{&context, &watchers};  // the poll thread's
+  Admission admission{&context, &watchers, &workers};  // the poll thread's
   pid_t owner_pid = 0;          // getpid() at Start(): who may join the threads and unlink the path
   BoundSocketFile socket_file;  // a filesystem socket's file: removed at Stop() and at exit
   ListenerWorkers workers;      // send the long replies, run the posted tasks

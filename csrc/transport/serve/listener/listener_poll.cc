@@ -242,12 +242,20 @@ void ListenerImpl::AcceptFailed(int error) noexcept {
 // worker, since their sends may wait on a peer that does not read.
 // The connection is then kept for the importer's next request, where the
 // budget allows (Keep); a worker's closes it (its importer connects again).
+// A reply waits for a worker with its connection and chunk fds, within the
+// queue's share of the fds (Admission::MayQueue); past it the request is
+// refused kInternal ("busy"), its fds closed at once.
 void ListenerImpl::Answer(PendingRequest request) noexcept {
   ServeReply reply;
   if (!PrepareReply(request, context, &reply)) return;
   if (ReplyFitsOneMessage(reply)) {
     const PeerCredentials peer = request.peer;
     admission.Keep(SendReplyKeeping(std::move(request), std::move(reply), context), peer);
+    return;
+  }
+  if (std::string why; !admission.MayQueue(reply.chunks.size() + 1, &why)) {
+    reply = ServeReply{};  // its fds closed before the refusal goes
+    RefuseRequest(std::move(request), RefuseReason::kInternal, why, context);
     return;
   }
   workers.Dispatch(ListenerJob{std::move(request), std::move(reply), nullptr});

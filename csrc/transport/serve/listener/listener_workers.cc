@@ -1,4 +1,5 @@
-// The listener's workers: the job queue, its threads, their start and stop.
+// The listener's workers: the job queue, its threads, their start and stop,
+// and the fds the queue holds.
 #include "transport/serve/listener/listener_workers.h"
 
 #include <exception>
@@ -9,24 +10,40 @@
 #include "transport/reaper/fd_reaper.h"
 
 namespace vmmipc::transport {
+namespace {
+
+// The fds `job` holds: its connection and one per chunk (a task holds none).
+size_t FdsOf(const ListenerJob& job) {
+  return (job.request.fd.valid() ? 1 : 0) + job.reply.chunks.size();
+}
+
+}  // namespace
+
+ListenerJob ListenerWorkers::TakeBack() {
+  ListenerJob job = std::move(jobs_.back());
+  jobs_.pop_back();
+  queued_fds_.store(queued_fds() - FdsOf(job), std::memory_order_relaxed);
+  return job;
+}
 
 void ListenerWorkers::Dispatch(ListenerJob job) noexcept {
   try {
     std::unique_lock lock(mutex_);
     if (stopping_) return;  // the job's connection closes with it
+    const size_t fds = FdsOf(job);
     jobs_.push_back(std::move(job));
+    queued_fds_.store(queued_fds() + fds, std::memory_order_relaxed);
     if (idle_workers_ == 0 && workers_.size() < max_workers_) {
       try {
         workers_.push_back(StartQuietThread("vmmipc-serve", [this] { Work(); }));
       } catch (const std::exception& e) {
         if (workers_.empty()) {
+          ListenerJob inline_job = TakeBack();
+          lock.unlock();
           VMMIPC_LOG_ERROR(
               "listener {}: cannot start a worker thread: {}; sending on the "
               "poll thread",
               context_->name, e.what());
-          ListenerJob inline_job = std::move(jobs_.back());
-          jobs_.pop_back();
-          lock.unlock();
           if (inline_job.task)
             inline_job.task();
           else
@@ -51,6 +68,7 @@ void ListenerWorkers::Work() noexcept {
     if (stopping_) return;
     ListenerJob job = std::move(jobs_.front());
     jobs_.pop_front();
+    queued_fds_.store(queued_fds() - FdsOf(job), std::memory_order_relaxed);
     lock.unlock();
     if (job.task) {
       try {
@@ -71,6 +89,7 @@ void ListenerWorkers::Stop() noexcept {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     abandoned.swap(jobs_);
+    queued_fds_.store(0, std::memory_order_relaxed);
   }
   ready_.notify_all();
   // Workers in the middle of a reply see the stop fd and give up at once.

@@ -3,9 +3,12 @@
 // peer that does not read) and run the tasks posted with Listener::Post, in
 // the order they came. A reply in progress gives up as soon as the
 // listener's stop fd is readable. Owns the job queue and its threads; what a
-// reply is and how it is sent is serve_connection.h's.
+// reply is and how it is sent is serve_connection.h's. A queued reply holds
+// its connection and its chunks' fds: the queue counts them, for the fd
+// budget (admission.h, which refuses a reply past its share).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -38,6 +41,11 @@ class ListenerWorkers {
   // allows. Without any worker (none could start) it runs on this thread.
   // After Stop, or out of memory, the job is dropped and its connection closed.
   void Dispatch(ListenerJob job) noexcept;
+  // The fds the queued jobs hold (their connections and chunks), not yet
+  // taken by a worker. Only Dispatch adds to it: read by the poll thread,
+  // which alone queues replies, it is a bound on what the queue holds until
+  // its next Dispatch.
+  size_t queued_fds() const noexcept { return queued_fds_.load(std::memory_order_relaxed); }
   // Once the listener's stop fd is readable: wakes and joins every worker
   // (one in a reply gives up at once), then closes the connections of the
   // jobs left in the queue. Later jobs are dropped.
@@ -47,13 +55,16 @@ class ListenerWorkers {
 
  private:
   void Work() noexcept;
+  // The back of the queue, taken back (no worker could start for it).
+  ListenerJob TakeBack();
 
   const ServeContext* context_ = nullptr;
   size_t max_workers_ = 1;
-  // Guarded by mutex_: jobs_, workers_, idle_workers_, stopping_. Never held
-  // across I/O or the handler.
+  // Guarded by mutex_: jobs_, workers_, idle_workers_, stopping_, and every
+  // write of queued_fds_. Never held across I/O, a log line or the handler.
   std::mutex mutex_;
   std::condition_variable ready_;
+  std::atomic<size_t> queued_fds_{0};
   std::deque<ListenerJob> jobs_;
   // Heap-held so that a forked child can leak them: destroying a joinable
   // std::thread calls std::terminate, and joining a thread that does not
