@@ -232,22 +232,25 @@ bool ReaperTakesMore() noexcept {
          (!reaper->started || reaper->pending.load() < InboxLimitLocked(*reaper));
 }
 
-bool CloseConnection(ScopedFd connection) {
-  if (!connection.valid()) return false;
-  // After shutdown the peer can queue nothing more (its sends fail with
-  // EPIPE), so one look at the queue is final for what can still arrive.
-  ::shutdown(connection.get(), SHUT_RDWR);
+bool NothingQueued(int connection) noexcept {
   uint8_t byte = 0;
   iovec iov{&byte, 1};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   const ssize_t n =
-      RetryOnEintr([&] { return ::recvmsg(connection.get(), &msg, MSG_PEEK | MSG_DONTWAIT); });
+      RetryOnEintr([&] { return ::recvmsg(connection, &msg, MSG_PEEK | MSG_DONTWAIT); });
   // Empty (EAGAIN) or end of stream (0, no fds): nothing of the peer's is
   // left with us, and the close is ordinary. Anything else may hold fds.
-  const bool empty = (n < 0 && errno == EAGAIN) || (n == 0 && (msg.msg_flags & MSG_CTRUNC) == 0);
-  if (empty) return false;
+  return (n < 0 && errno == EAGAIN) || (n == 0 && (msg.msg_flags & MSG_CTRUNC) == 0);
+}
+
+bool CloseConnection(ScopedFd connection) {
+  if (!connection.valid()) return false;
+  // After shutdown the peer can queue nothing more (its sends fail with
+  // EPIPE), so one look at the queue is final for what can still arrive.
+  ::shutdown(connection.get(), SHUT_RDWR);
+  if (NothingQueued(connection.get())) return false;
   CloseInBackground(std::move(connection));
   return true;
 }

@@ -65,6 +65,11 @@ bool ReaperCanKeepMore() noexcept;
 // inbox again first, when it has room.
 bool ReaperTakesMore() noexcept;
 
+// Whether nothing is queued on `connection` (or its peer hung up and left
+// nothing): its close is then ordinary, never the one that frees a peer's
+// queued fds. Looks without waiting and without taking anything.
+bool NothingQueued(int connection) noexcept;
+
 // Closes a connection whose peer may have queued fds we never received:
 // shuts it down, and when something is still queued, hands it to the reaper
 // so that the last close of those fds cannot block this thread. Returns true

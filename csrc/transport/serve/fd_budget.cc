@@ -65,28 +65,38 @@ ConnectionCaps CapsFor(size_t limit, size_t open, size_t held) {
   return caps;
 }
 
-long CountOpenFds() noexcept {
+bool ForEachOpenFd(void (*visit)(int fd, void* arg), void* arg) noexcept {
   const int dir =
       RetryOnEintr([] { return ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
-  if (dir < 0) return -1;
+  if (dir < 0) return false;
   // getdents64 by syscall: its glibc wrapper is newer than the glibc vmmipc
-  // supports, and readdir would allocate.
+  // supports, and readdir would allocate. The kernel walks /proc/self/fd by
+  // fd number, so a visit that closes its fd does not disturb the walk.
   alignas(dirent64) char buffer[8192];
-  long count = 0;
+  bool read_all = true;
   while (true) {
     const long n = ::syscall(SYS_getdents64, dir, buffer, sizeof(buffer));
     if (n <= 0) {
-      if (n < 0) count = -1;
+      read_all = n == 0;
       break;
     }
     for (long at = 0; at < n;) {
       const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
-      if (entry->d_name[0] != '.') ++count;  // not "." or ".."
       at += entry->d_reclen;
+      if (entry->d_name[0] == '.') continue;  // "." or ".."
+      int fd = 0;
+      for (const char* c = entry->d_name; *c >= '0' && *c <= '9'; ++c) fd = fd * 10 + (*c - '0');
+      if (fd != dir) visit(fd, arg);
     }
   }
   ::close(dir);
-  return count > 0 ? count - 1 : -1;  // the directory's own fd is one of them
+  return read_all;
+}
+
+long CountOpenFds() noexcept {
+  long count = 0;
+  if (!ForEachOpenFd([](int, void* counted) { ++*static_cast<long*>(counted); }, &count)) return -1;
+  return count;
 }
 
 void FdBudget::Measure(size_t held, bool out_of_fds) noexcept {

@@ -74,6 +74,11 @@ ConnectionCaps CapsFor(size_t limit, size_t open, size_t held);
 // that reads it); -1 when that cannot be read (no /proc, or no fd to spare).
 // No allocation.
 long CountOpenFds() noexcept;
+// Calls `visit(fd, arg)` for each fd open in this process (from
+// /proc/self/fd, the one that reads it left out), in increasing order; `visit`
+// may close the fd it is given. False when /proc/self/fd cannot be read. No
+// allocation: safe in a forked child.
+bool ForEachOpenFd(void (*visit)(int fd, void* arg), void* arg) noexcept;
 
 class FdBudget {
  public:

@@ -8,19 +8,67 @@
 #include "transport/serve/listener/listener.h"
 
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/parked.h"
 #include "common/quiet_thread.h"
 #include "common/syscall.h"
+#include "transport/reaper/fd_reaper.h"
+#include "transport/serve/fd_budget.h"
 #include "transport/serve/listener/listener_impl.h"
 #include "transport/serve/listener/listener_socket.h"
 #include "transport/socket_uid.h"
 
 namespace vmmipc::transport {
+namespace {
+
+// The listening socket's own name, and its fd.
+struct ListenerName {
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  int listen_fd = -1;
+};
+
+// A forked child's copies of every connection the listener accepted: those
+// waiting for their request or kept for the next one (the poll thread's
+// lists, which no lock guards: the thread may have been changing them at the
+// fork), those queued or being answered, those on their way to the reaper.
+// Each has the listening socket's name as its own (the kernel gives an
+// accepted Unix socket its listener's address), and no other socket of the
+// process has it (a name is bound once; a client socket has none): they are
+// found by name in /proc/self/fd and closed. Plain closes of the child's
+// copies: a shutdown() would end the parent's connections too. One with
+// something queued stays open (until the child's exec or exit): were the
+// parent's reaper to close its copy meanwhile, ours would be the close that
+// frees a peer's queued fds, which may wait. No allocation.
+void CloseAcceptedCopies(int listen_fd) noexcept {
+  ListenerName name;
+  name.listen_fd = listen_fd;
+  name.length = sizeof(name.address);
+  if (listen_fd < 0 ||
+      ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&name.address), &name.length) != 0 ||
+      name.length <= sizeof(sa_family_t))  // unnamed: never
+    return;
+  ForEachOpenFd(
+      [](int fd, void* arg) {
+        const ListenerName& listener = *static_cast<const ListenerName*>(arg);
+        if (fd == listener.listen_fd) return;
+        sockaddr_storage own{};
+        socklen_t length = sizeof(own);
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &length) == 0 &&
+            length == listener.length && std::memcmp(&own, &listener.address, length) == 0 &&
+            NothingQueued(fd))
+          ::close(fd);
+      },
+      &name);
+}
+
+}  // namespace
 
 bool ListenerImpl::StartServing(std::string* error) {
   stop_fd.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -92,10 +140,17 @@ void ListenerImpl::Stop() noexcept {
 
 void ListenerImpl::Abandon() noexcept {
   Park(thread.release());  // leaked on purpose, see `thread`
+  // Closing our copies leaves the parent's sockets, chunks and eventfd
+  // untouched: they are the same open files, still referenced by the
+  // parent's descriptors. The queued replies' and the watch connections'
+  // under their fork locks; then every other accepted connection, by name.
   workers.AbandonAfterFork();
-  // Closing our copies leaves the parent's socket and eventfd untouched: they
-  // are the same open files, still referenced by the parent's descriptors.
   watchers.AbandonAfterFork();
+  CloseAcceptedCopies(listen_fd.get());
+  // Closed above: their numbers are forgotten, never closed again (the
+  // lists may have been mid-update at the fork; forgetting is safe anyway).
+  for (Connection& c : admission.waiting) (void)c.fd.Release();
+  for (Connection& c : admission.kept) (void)c.fd.Release();
   listen_fd.Reset();
   stop_fd.Reset();
   socket_file.Forget();  // the path belongs to the parent's listener
@@ -165,11 +220,15 @@ NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, Timeout t
 }
 
 void Listener::PrepareFork() noexcept {
-  if (impl_) impl_->watchers.PrepareFork();
+  if (!impl_) return;
+  impl_->watchers.PrepareFork();
+  impl_->workers.PrepareFork();
 }
 
 void Listener::ParentAfterFork() noexcept {
-  if (impl_) impl_->watchers.ParentAfterFork();
+  if (!impl_) return;
+  impl_->workers.ParentAfterFork();
+  impl_->watchers.ParentAfterFork();
 }
 
 void Listener::AbandonAfterFork() noexcept {

@@ -1,6 +1,8 @@
 // The listener's workers: the job queue, its threads, their start and stop,
-// and the fds the queue holds.
+// the fds the queue holds, and a forked child's walk-away from them.
 #include "transport/serve/listener/listener_workers.h"
+
+#include <unistd.h>
 
 #include <exception>
 
@@ -100,9 +102,24 @@ void ListenerWorkers::Stop() noexcept {
 }
 
 void ListenerWorkers::AbandonAfterFork() noexcept {
-  // The vector's storage and the mutex may be in any state the parent's
-  // threads left them in: never touched again, only kept reachable.
+  // Kept reachable, never joined nor destroyed (as ever, whatever the lock).
   for (auto& worker : workers_) Park(worker.release());
+  // False only when the thread that forked held the queue itself (a fork from
+  // a signal handler): it may be half-updated; leave it, and its copies, alone.
+  if (!mutex_.ChildAfterFork()) return;
+  std::lock_guard lock(mutex_);
+  // Plain closes of the child's copies: a shutdown() would end the parent's
+  // connection. A connection with something queued stays open (until the
+  // child's exec or exit): were the parent to close its copy meanwhile, ours
+  // would be the close that frees a peer's queued fds, which may wait. The
+  // jobs stay, never run: what a task holds is the parent's.
+  for (ListenerJob& job : jobs_) {
+    if (job.request.fd.valid() && NothingQueued(job.request.fd.get()))
+      ::close(job.request.fd.Release());
+    for (ChunkGrant& chunk : job.reply.chunks)
+      if (chunk.fd.valid()) ::close(chunk.fd.Release());
+  }
+  queued_fds_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace vmmipc::transport

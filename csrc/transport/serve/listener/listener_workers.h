@@ -5,7 +5,8 @@
 // listener's stop fd is readable. Owns the job queue and its threads; what a
 // reply is and how it is sent is serve_connection.h's. A queued reply holds
 // its connection and its chunks' fds: the queue counts them, for the fd
-// budget (admission.h, which refuses a reply past its share).
+// budget (admission.h, which refuses a reply past its share), and a forked
+// child closes its copies of them.
 #pragma once
 
 #include <atomic>
@@ -14,10 +15,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "transport/serve/serve_connection.h"
 #include "transport/serve/serve_handler.h"
 
@@ -50,7 +51,16 @@ class ListenerWorkers {
   // (one in a reply gives up at once), then closes the connections of the
   // jobs left in the queue. Later jobs are dropped.
   void Stop() noexcept;
-  // A forked child: the threads do not exist there; they are leaked, never joined.
+  // The fork handlers' (Listener::PrepareFork): the queue's fork lock before
+  // a fork, released after it in the parent.
+  void PrepareFork() noexcept { mutex_.PrepareFork(); }
+  void ParentAfterFork() noexcept { mutex_.ParentAfterFork(); }
+  // A forked child: the threads do not exist there; they are leaked, never
+  // joined. The child's copies of the queued replies' fds (connections and
+  // chunks) are closed, the jobs never run. What a worker was sending at the
+  // fork is on that worker's stack: its chunk fds stay open in the child
+  // (max_workers replies at most); its connection goes with the listener's
+  // (ListenerImpl::Abandon).
   void AbandonAfterFork() noexcept;
 
  private:
@@ -62,8 +72,10 @@ class ListenerWorkers {
   size_t max_workers_ = 1;
   // Guarded by mutex_: jobs_, workers_, idle_workers_, stopping_, and every
   // write of queued_fds_. Never held across I/O, a log line or the handler.
-  std::mutex mutex_;
-  std::condition_variable ready_;
+  // A fork lock (common/fork_lock.h): a fork waits for its holder, so that a
+  // forked child finds the queue whole and closes its copies of its fds.
+  ForkMutex mutex_;
+  std::condition_variable_any ready_;  // ForkMutex is not std::mutex
   std::atomic<size_t> queued_fds_{0};
   std::deque<ListenerJob> jobs_;
   // Heap-held so that a forked child can leak them: destroying a joinable
