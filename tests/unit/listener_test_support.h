@@ -93,6 +93,13 @@ inline ListenerOptions Options(uint32_t pid, int timeout_ms = 200, std::string d
   return o;
 }
 
+// Options with one worker, which a hold point can keep busy.
+inline ListenerOptions OneWorker(uint32_t pid) {
+  ListenerOptions o = Options(pid, 5000);
+  o.max_workers = 1;
+  return o;
+}
+
 // A request for the handle the exporter made for kBase + 16 (capability 0:
 // the genuine one, as the exporter computes it).
 inline FetchRequest Request(uint32_t pid, uint64_t capability = 0) {

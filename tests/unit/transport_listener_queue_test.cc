@@ -65,11 +65,9 @@ TEST_F(TransportListener, RepliesQueuedForABusyWorkerHoldABoundedShareOfTheFds) 
   const size_t bound = std::max(
       CapsFor(limit.value(), static_cast<size_t>(open_at_start), 0).queued_reply_fds, kFdsPerReply);
   const uint32_t pid = FakePid();
-  ListenerOptions options = Options(pid, 5000);
-  options.max_workers = 1;
   std::atomic<int> calls{0};
   {
-    auto listener = MustStart(options, ByAddress(kChunks, &calls));
+    auto listener = MustStart(OneWorker(pid), ByAddress(kChunks, &calls));
     ASSERT_NE(listener, nullptr);
     const std::shared_ptr<WorkerHold> hold = HoldTheWorker(listener.get());
     ASSERT_NE(hold, nullptr) << "the worker never took the posted task";

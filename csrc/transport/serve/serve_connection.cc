@@ -346,11 +346,12 @@ void RefuseRequest(PendingRequest request, RefuseReason reason, const std::strin
   GiveUp(request, context);
 }
 
-void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept {
-  Close(SendReplyKeeping(std::move(request), std::move(reply), context), context);
+void SendReply(PendingRequest request, const ServeReply& reply,
+               const ServeContext& context) noexcept {
+  Close(SendReplyKeeping(std::move(request), reply, context), context);
 }
 
-ScopedFd SendReplyKeeping(PendingRequest request, ServeReply reply,
+ScopedFd SendReplyKeeping(PendingRequest request, const ServeReply& reply,
                           const ServeContext& context) noexcept {
   ScopedFd kept;
   const bool sent = Guarded(context, [&] {

@@ -105,11 +105,14 @@ void RefuseRequest(PendingRequest request, RefuseReason reason, const std::strin
                    const ServeContext& context) noexcept;
 // Sends the reply's batches with their fds, then closes the connection, or
 // keeps it as a watch connection (the request asked, the context has watchers).
-void SendReply(PendingRequest request, ServeReply reply, const ServeContext& context) noexcept;
+// The reply's fds stay the caller's: they close when it drops the reply (a
+// listener worker keeps it where a forked child can find it meanwhile).
+void SendReply(PendingRequest request, const ServeReply& reply,
+               const ServeContext& context) noexcept;
 // SendReply, but a connection whose reply went out whole and that no watcher
 // took is returned instead of closed: the listener may keep it for its
 // importer's next request (an invalid fd otherwise).
-ScopedFd SendReplyKeeping(PendingRequest request, ServeReply reply,
+ScopedFd SendReplyKeeping(PendingRequest request, const ServeReply& reply,
                           const ServeContext& context) noexcept;
 // A kept connection that idled past its bound or whose importer hung up:
 // closed without a warning (an importer lets its kept connections go at will).

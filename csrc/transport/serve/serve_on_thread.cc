@@ -10,8 +10,7 @@ namespace vmmipc::transport {
 
 void AnswerRequest(PendingRequest request, const ServeContext& context) noexcept {
   ServeReply reply;
-  if (PrepareReply(request, context, &reply))
-    SendReply(std::move(request), std::move(reply), context);
+  if (PrepareReply(request, context, &reply)) SendReply(std::move(request), reply, context);
 }
 
 void ServeConnection(ScopedFd fd, const ServeContext& context) noexcept {

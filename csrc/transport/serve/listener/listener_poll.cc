@@ -250,7 +250,7 @@ void ListenerImpl::Answer(PendingRequest request) noexcept {
   if (!PrepareReply(request, context, &reply)) return;
   if (ReplyFitsOneMessage(reply)) {
     const PeerCredentials peer = request.peer;
-    admission.Keep(SendReplyKeeping(std::move(request), std::move(reply), context), peer);
+    admission.Keep(SendReplyKeeping(std::move(request), reply, context), peer);
     return;
   }
   if (std::string why; !admission.MayQueue(reply.chunks.size() + 1, &why)) {

@@ -46,10 +46,7 @@ void ListenerWorkers::Dispatch(ListenerJob job) noexcept {
               "listener {}: cannot start a worker thread: {}; sending on the "
               "poll thread",
               context_->name, e.what());
-          if (inline_job.task)
-            inline_job.task();
-          else
-            SendReply(std::move(inline_job.request), std::move(inline_job.reply), *context_);
+          Run(inline_job);
           return;
         }
       }
@@ -68,25 +65,35 @@ void ListenerWorkers::Work() noexcept {
     ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     --idle_workers_;
     if (stopping_) return;
-    ListenerJob job = std::move(jobs_.front());
-    jobs_.pop_front();
-    queued_fds_.store(queued_fds() - FdsOf(job), std::memory_order_relaxed);
+    queued_fds_.store(queued_fds() - FdsOf(jobs_.front()), std::memory_order_relaxed);
+    sending_.splice(sending_.end(), jobs_, jobs_.begin());
+    const auto job = std::prev(sending_.end());
     lock.unlock();
-    if (job.task) {
-      try {
-        job.task();
-      } catch (...) {
-        VMMIPC_LOG_ERROR("listener {}: a posted task threw", context_->name);
-      }
-    } else {
-      SendReply(std::move(job.request), std::move(job.reply), *context_);
-    }
+    Run(*job);
+    lock.lock();
+    std::list<ListenerJob> done;
+    done.splice(done.end(), sending_, job);
+    // Its fds closed, its task's captures let go, without the lock.
+    lock.unlock();
+    done.clear();
     lock.lock();
   }
 }
 
+void ListenerWorkers::Run(ListenerJob& job) noexcept {
+  if (!job.task) {
+    SendReply(std::move(job.request), job.reply, *context_);
+    return;
+  }
+  try {
+    job.task();
+  } catch (...) {
+    VMMIPC_LOG_ERROR("listener {}: a posted task threw", context_->name);
+  }
+}
+
 void ListenerWorkers::Stop() noexcept {
-  std::deque<ListenerJob> abandoned;
+  std::list<ListenerJob> abandoned;
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -119,6 +126,11 @@ void ListenerWorkers::AbandonAfterFork() noexcept {
     for (ChunkGrant& chunk : job.reply.chunks)
       if (chunk.fd.valid()) ::close(chunk.fd.Release());
   }
+  // Only the chunks of a reply being sent: its connection was the worker's
+  // (found by name with the listener's others).
+  for (ListenerJob& job : sending_)
+    for (ChunkGrant& chunk : job.reply.chunks)
+      if (chunk.fd.valid()) ::close(chunk.fd.Release());
   queued_fds_.store(0, std::memory_order_relaxed);
 }
 

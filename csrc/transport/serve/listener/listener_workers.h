@@ -12,8 +12,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -57,27 +57,34 @@ class ListenerWorkers {
   void ParentAfterFork() noexcept { mutex_.ParentAfterFork(); }
   // A forked child: the threads do not exist there; they are leaked, never
   // joined. The child's copies of the queued replies' fds (connections and
-  // chunks) are closed, the jobs never run. What a worker was sending at the
-  // fork is on that worker's stack: its chunk fds stay open in the child
-  // (max_workers replies at most); its connection goes with the listener's
-  // (ListenerImpl::Abandon).
+  // chunks) and of the chunk fds of the replies being sent are closed; the
+  // jobs never run. The connections being answered go with the listener's
+  // others (ListenerImpl::Abandon).
   void AbandonAfterFork() noexcept;
 
  private:
   void Work() noexcept;
+  // Runs the job at `job` (in sending_), without the lock.
+  void Run(ListenerJob& job) noexcept;
   // The back of the queue, taken back (no worker could start for it).
   ListenerJob TakeBack();
 
   const ServeContext* context_ = nullptr;
   size_t max_workers_ = 1;
-  // Guarded by mutex_: jobs_, workers_, idle_workers_, stopping_, and every
-  // write of queued_fds_. Never held across I/O, a log line or the handler.
+  // Guarded by mutex_: jobs_, sending_, workers_, idle_workers_, stopping_,
+  // and every write of queued_fds_. Never held across I/O, a log line, a
+  // close or the handler.
   // A fork lock (common/fork_lock.h): a fork waits for its holder, so that a
   // forked child finds the queue whole and closes its copies of its fds.
   ForkMutex mutex_;
   std::condition_variable_any ready_;  // ForkMutex is not std::mutex
   std::atomic<size_t> queued_fds_{0};
-  std::deque<ListenerJob> jobs_;
+  std::list<ListenerJob> jobs_;
+  // The jobs the workers run now, moved here from jobs_ (a splice: no
+  // allocation) and out again under the lock: a reply's chunk fds are only
+  // read meanwhile, and closed once out, so that a forked child finds every
+  // one here still open in the parent.
+  std::list<ListenerJob> sending_;
   // Heap-held so that a forked child can leak them: destroying a joinable
   // std::thread calls std::terminate, and joining a thread that does not
   // exist in the child would hang.
