@@ -41,6 +41,7 @@
 #include "common/scoped_fd.h"
 #include "core/process_state.h"
 #include "ledger/vmm_mappings.h"
+#include "test_process.h"
 #include "transport/client/fetch_client.h"
 #include "transport/client/watch_client.h"
 #include "transport/serve/watch/watchers.h"
@@ -61,23 +62,6 @@ std::atomic<pid_t> g_forker{0};                    // the thread that forks
 thread_local bool t_fork_inside_the_hold = false;  // this thread forks from the hold itself
 std::atomic<pid_t> g_inner_child{-1};
 
-// True when thread `tid` of this process sleeps in a futex wait (a lock).
-// /proc/<pid>/task/<tid>/syscall starts with the number of the syscall the
-// thread is blocked in ("running" when it is not). Raw syscalls only: no
-// allocation while another thread forks.
-bool WaitsInFutex(pid_t tid) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", static_cast<int>(tid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char text[32] = {};
-  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
-  ::close(fd);
-  char expected[16];
-  const int length = snprintf(expected, sizeof(expected), "%ld ", static_cast<long>(SYS_futex));
-  return n > length && std::strncmp(text, expected, static_cast<size_t>(length)) == 0;
-}
-
 void Hold() {
   g_held = true;
   if (t_fork_inside_the_hold) {
@@ -89,7 +73,7 @@ void Hold() {
     g_inner_child = child;
     return;
   }
-  while (!g_release.load() && !WaitsInFutex(g_forker.load())) sched_yield();
+  while (!g_release.load() && !vmmipc::testing::WaitsInFutex(g_forker.load())) sched_yield();
 }
 
 }  // namespace

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -84,6 +88,23 @@ inline int RestingFdCount(const std::function<bool()>& quiet = nullptr, int boun
   }
   ADD_FAILURE() << "this process did not come to rest in " << bound_ms << " ms";
   return -1;
+}
+
+// True when thread `tid` of this process sleeps in a futex wait (a lock).
+// /proc/<pid>/task/<tid>/syscall starts with the number of the syscall the
+// thread is blocked in ("running" when it is not). Raw syscalls only: no
+// allocation while another thread forks.
+inline bool WaitsInFutex(pid_t tid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", static_cast<int>(tid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[32] = {};
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  char expected[16];
+  const int length = snprintf(expected, sizeof(expected), "%ld ", static_cast<long>(SYS_futex));
+  return n > length && std::strncmp(text, expected, static_cast<size_t>(length)) == 0;
 }
 
 // Two connected SOCK_SEQPACKET Unix sockets (the transport's kind), CLOEXEC.

@@ -5,12 +5,16 @@
 // The child closes its copies of all of them, and of the replies' chunk fds,
 // so that it pins none of the exported memory, and the importers see EOF
 // when the parent closes its end. The worker is held busy by a hold point (a
-// task posted to it), or held inside a send by one in sendmsg: this binary
-// is linked with -Wl,--wrap=sendmsg (tests/CMakeLists.txt). The child's fds
-// are looked at by number.
+// task posted to it), or held inside a send by one in sendmsg; and a fork
+// while the poll thread is inside the job queue's lock (starting the first
+// worker: held in its pthread_sigmask) must wait for it. This binary is
+// linked with -Wl,--wrap=sendmsg and --wrap=pthread_sigmask
+// (tests/CMakeLists.txt). The child's fds are looked at by number.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -26,6 +30,7 @@
 #include "listener_test_support.h"
 
 extern "C" ssize_t __real_sendmsg(int fd, const msghdr* msg, int flags);
+extern "C" int __real_pthread_sigmask(int how, const sigset_t* set, sigset_t* old);
 
 namespace vmmipc::transport {
 namespace {
@@ -48,6 +53,15 @@ size_t FdsIn(const msghdr* msg) {
   return fds;
 }
 
+// The hold point in pthread_sigmask: armed for one call (a thread starting,
+// StartQuietThread: the first worker, under the job queue's lock). The held
+// thread stays there until the forking thread waits in a futex (the fork
+// handler waiting for the queue's lock), or until told.
+std::atomic<bool> g_hold_a_thread_start{false};
+std::atomic<bool> g_starting_held{false};
+std::atomic<bool> g_go_on{false};
+std::atomic<pid_t> g_forker{0};
+
 }  // namespace
 }  // namespace vmmipc::transport
 
@@ -56,6 +70,15 @@ extern "C" ssize_t __wrap_sendmsg(int fd, const msghdr* msg, int flags) {
   if (FdsIn(msg) >= wire::kMaxChunksPerBatch && g_hold_a_batch.exchange(false))
     g_send_hold->Block();
   return __real_sendmsg(fd, msg, flags);
+}
+
+extern "C" int __wrap_pthread_sigmask(int how, const sigset_t* set, sigset_t* old) {
+  using namespace vmmipc::transport;  // NOLINT(build/namespaces)
+  if (g_hold_a_thread_start.exchange(false)) {
+    g_starting_held = true;
+    while (!g_go_on.load() && !vmmipc::testing::WaitsInFutex(g_forker.load())) sched_yield();
+  }
+  return __real_pthread_sigmask(how, set, old);
 }
 
 namespace vmmipc::transport {
@@ -257,6 +280,43 @@ TEST_F(TransportListenerFork, AForkedChildClosesTheChunksOfAReplyBeingSent) {
   }
   g_hold_a_batch = false;
   g_send_hold.reset();
+  ExpectNoFdLeak();
+}
+
+// A fork while the poll thread is inside the job queue's lock, a reply just
+// queued and the first worker starting (held in its pthread_sigmask): the
+// fork handler waits for the lock (the queue is a fork lock), so the child
+// finds the queue whole and closes its copies of the reply's fds. Without
+// the fork lock the child was made with the queue locked and half-updated.
+TEST_F(TransportListenerFork, AForkWaitsForTheQueuesLockAndTheChildClosesWhatItHolds) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  {
+    auto listener = MustStart(OneWorker(pid), ByAddress(kQueuedChunks, &calls));
+    ASSERT_NE(listener, nullptr);
+    // Whatever fails below, the poll thread goes on before the listener stops.
+    struct GoOn {
+      ~GoOn() { g_go_on = true; }
+    } go_on_at_exit;
+    g_forker = static_cast<pid_t>(::gettid());
+    g_go_on = false;
+    g_hold_a_thread_start = true;
+    const RawImporter queued = SendRawRequest(pid, kLongReplyAddress, 4);
+    for (const auto start = Clock::now(); !g_starting_held && ElapsedMs(start) < 5000;)
+      sched_yield();
+    ASSERT_TRUE(g_starting_held.load()) << "no worker started for the reply";
+    // The listening socket, the queued reply's connection and chunks.
+    const std::vector<int> inherited = ListenerFds(AbstractAddress(pid), 2, kQueuedChunks);
+    ASSERT_FALSE(inherited.empty()) << "the reply is not there";
+    ForkedChild child = ForkExpectingNoneKept(
+        listener.get(), inherited,
+        "its socket, and a reply queued as the queue's lock was held: its connection and 300 "
+        "chunks");
+    g_go_on = true;
+    EXPECT_EQ(queued.ReadReply(5000), 0);
+    EXPECT_TRUE(SeesEof(queued.fd.get(), 2000)) << "the connection stayed open";
+    EXPECT_TRUE(child.Reap());
+  }
   ExpectNoFdLeak();
 }
 
