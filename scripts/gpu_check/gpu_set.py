@@ -22,9 +22,10 @@ the check on a CPU machine), GPU_CHECK_BENCH_REPETITIONS (5; 3 when less than 12
 GPU_CHECK_BENCH_SCALE (1: iteration counts multiplier), GPU_CHECK_ALL_TO_ALL_BUDGET_S (180: the
 matrix is sized for it), GPU_CHECK_ALL_TO_ALL_REPS (3), MEMORY_SAVER_WHEEL (the
 torch_memory_saver wheel for the saver step; default .whl/torch_memory_saver-*.whl),
-NIXL_WHEEL (the nixl wheel for the NIXL step; default .whl/nixl_cu13-*.whl),
+NIXL_WHEEL (the nixl wheel for the NIXL step; default .whl/nixl_cu13-*.whl), UCX_WHEEL (the
+libucx-cu13 wheel whose ucx_perftest the UCX step runs; default .whl/libucx_cu13-*.whl),
 GPU_CHECK_SKIP (comma list of steps not to run: ctest, python, spawn, saver, bench, floor,
-registration, nixl, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all
+registration, nixl, ucx, all_to_all; e.g. GPU_CHECK_SKIP=ctest,python,bench to give the all-to-all
 step the budget).
 """
 
@@ -141,6 +142,13 @@ class GpuContext(Context):
             if not self._nixl:
                 self._nixl = self.probe(["python3", "-c", "import nixl_cu13"])[0] == 0
         return self._nixl
+
+    def ucx_wheel(self):
+        """The libucx-cu13 wheel at hand (UCX_WHEEL, .whl/libucx_cu13-*.whl)."""
+        wheel = self.env.get("UCX_WHEEL")
+        if wheel:
+            return os.path.isfile(wheel)
+        return bool(glob.glob(os.path.join(self.repo, ".whl", "libucx_cu13-*.whl")))
 
     def cuda_bindings(self):
         if self._cuda_bindings is None:
@@ -441,6 +449,23 @@ def check_set(ctx):
                            "--cases", "a,b,c,d,e", "--ucx", "{nixl_ucx}", "--out", "{out}/nixl",
                            "--json", "{out}/nixl/rows.json", "--budget-s", "{nixl_budget}"],
                           240, env={"LD_PRELOAD": ""})]),
+            # UCX directly: ucx_perftest's GET and PUT between two processes on GPU 0, on VMM
+            # memory (the vmm_cuda_malloc double) with and without vmmipc, pidfd_getfd allowed
+            # and refused, cudaMalloc as the reference.
+            Step("ucx perftest", banner="UCX's ucx_perftest on VMM memory",
+                 log="ucx-perftest.log", skip_key="ucx", judge=harness("ucx_perftest_check"),
+                 gates=[Gate("the libucx-cu13 wheel (UCX_WHEEL, .whl/libucx_cu13-*.whl)",
+                             lambda c: c.ucx_wheel(), SKIP, "not run: libucx wheel missing"),
+                        Gate("libvmm_cuda_malloc.so built",
+                             lambda c: os.path.isfile(c.path(
+                                 os.path.join(c.build_dir, "tests/gpu/libvmm_cuda_malloc.so"))),
+                             FAIL, "{build_dir}/tests/gpu/libvmm_cuda_malloc.so not built"),
+                        LIBRARY_BUILT],
+                 remove=["{out}/ucx"],
+                 run=[Cmd(["python3", "tests/python/ucx_perftest_check.py", "--lib", "{lib}",
+                           "--shim", "{build_dir}/tests/gpu/libvmm_cuda_malloc.so", "--out",
+                           "{out}/ucx", "--json", "{out}/ucx/rows.json"], 240,
+                          env={"LD_PRELOAD": ""})]),
             Step("all-to-all", banner="all-to-all registration", log="all-to-all.log",
                  skip_key="all_to_all", judge=judge_all_to_all,
                  gates=[Gate("{a2a_bin} built", lambda c: os.access(c.path(c.a2a_bin), os.X_OK),

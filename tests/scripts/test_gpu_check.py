@@ -56,7 +56,8 @@ if tool == "cmake" and args[0] == "-S":
     touch(os.path.join(opt("-B"), "CTestTestfile.cmake"))
 elif tool == "cmake":
     for name in ("csrc/libvmmipc.so", "tests/gpu/cudart_ipc_client", "tests/bench/vmmipc_bench",
-                 "tests/bench/vmmipc_all_to_all", "tests/bench/vmmipc_fetch_bench"):
+                 "tests/bench/vmmipc_all_to_all", "tests/bench/vmmipc_fetch_bench",
+                 "tests/gpu/libvmm_cuda_malloc.so"):
         if name.endswith("libvmmipc.so") and "nolib" in fail: continue
         touch(os.path.join(opt("--build"), name), "", 0o755)
 elif tool == "ctest":
@@ -107,6 +108,8 @@ else:
         print("SUMMARY memory_saver_check: 4 PASS, 0 FAIL, 1 SKIP")
     elif script == "nixl_client_check.py":
         print("CHECK case_a_ran PASS\nSUMMARY nixl_client_check: 10 PASS, 0 FAIL, 0 SKIP")
+    elif script == "ucx_perftest_check.py":
+        print("CHECK case_a_ucp_get_ran PASS\nSUMMARY ucx_perftest_check: 10 PASS, 0 FAIL, 0 SKIP")
     elif script == "concurrent_import_floor.py":
         print("RATIO alone: 1.2 / 1.0 = 1.20\nRATIO together: 3.1 / 2 = 1.55")
     elif script == "open_sequence_probe.py":
@@ -136,13 +139,16 @@ class GpuCheckTest(unittest.TestCase):
         self.nixl_wheel = os.path.join(self.tmp.name, "nixl_cu13-1.5.1-cp312-cp312-any.whl")
         with open(self.nixl_wheel, "w"):
             pass
+        self.ucx_wheel = os.path.join(self.tmp.name, "libucx_cu13-1.22.0-py3-none-any.whl")
+        with open(self.ucx_wheel, "w"):
+            pass
 
     def check(self, extra_env=None, argv=None):
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("GPU_CHECK_", "FAKE_")) and k not in ("OUT", "LD_PRELOAD")}
         env.update(PATH=self.bin_dir + os.pathsep + env.get("PATH", ""), LOCAL_RANK="3",
                    GPU_CHECK_BUILD_DIR=self.build, FAKE_CALLS=self.calls_file,
-                   NIXL_WHEEL=self.nixl_wheel)
+                   NIXL_WHEEL=self.nixl_wheel, UCX_WHEEL=self.ucx_wheel)
         env.update(extra_env or {})
         result = subprocess.run(argv or [sys.executable, RUNNER, "gpu", self.out], env=env,
                                 cwd=self.tmp.name, stdout=subprocess.PIPE,
@@ -164,7 +170,7 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(list(rows), [
             "environment", "configure", "build", "ctest -L gpu", "python check", "spawn check",
             "saver check", "benchmarks", "driver floor", "open sequence", "registration",
-            "nixl check",
+            "nixl check", "ucx perftest",
             "all-to-all"])
         self.assertTrue(rows["environment"][1].startswith("NVIDIA H200, 580.1; "))
         self.assertEqual(rows["build"][1], "exit 0; libvmmipc.so: built, cudart_ipc_client: built")
@@ -179,6 +185,7 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(rows["open sequence"][1],
                          "empty 512 MiB 310 us, anchored 20 us; open-sequence.log (exit 0)")
         self.assertEqual(rows["nixl check"], ("PASS", "10 PASS, 0 FAIL, 0 SKIP; exit 0"))
+        self.assertEqual(rows["ucx perftest"], ("PASS", "10 PASS, 0 FAIL, 0 SKIP; exit 0"))
         self.assertEqual(rows["all-to-all"][1], "2 launcher runs; targets: 2 met, 0 missed, 1 not "
                          "measured; all-to-all/all-to-all.md (exit 0)")
         for name in ("env.log", "configure.log", "build.log", "ctest-gpu.log",
@@ -238,6 +245,13 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(rows["nixl check"], ("SKIP", "not run: nixl wheel missing"))
         self.assertEqual(self.calls("nixl_client_check.py"), [])
 
+    def test_the_ucx_step_needs_its_wheel(self):
+        self.ucx_wheel = os.path.join(self.tmp.name, "no-such-libucx.whl")
+        result, _, rows = self.check()
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:])
+        self.assertEqual(rows["ucx perftest"], ("SKIP", "not run: libucx wheel missing"))
+        self.assertEqual(self.calls("ucx_perftest_check.py"), [])
+
     def test_a_failed_configure_leaves_nothing_to_run(self):
         result, _, rows = self.check({"FAKE_FAIL": "configure"})
         self.assertEqual(result.returncode, 1)
@@ -290,7 +304,7 @@ class GpuCheckTest(unittest.TestCase):
                          "with GPU_CHECK_SKIP=ctest,python,bench$")
 
     def test_the_wrapper_takes_the_output_folder(self):
-        everything = "ctest,python,spawn,saver,bench,floor,registration,nixl,all_to_all"
+        everything = "ctest,python,spawn,saver,bench,floor,registration,nixl,ucx,all_to_all"
         result, _, rows = self.check({"GPU_CHECK_SKIP": everything},
                                      ["/bin/bash", os.path.join(SOURCE_DIR, "scripts",
                                                                 "gpu-check.sh"), self.out])
@@ -305,7 +319,7 @@ class GpuCheckTest(unittest.TestCase):
         for number, name in enumerate(["environment", "configure", "build", "ctest -L gpu",
                                        "python check", "spawn check", "saver check", "benchmarks",
                                        "driver floor", "open sequence", "registration",
-                                       "nixl check",
+                                       "nixl check", "ucx perftest",
                                        "all-to-all"], 1):
             self.assertIn("\n%d. %s  (" % (number, name), text)
         self.assertIn("tests/python/torch_ipc_check.py --deadline-s 340", text)
