@@ -154,6 +154,10 @@ std::string Format() {
   if (Any(Counter::kFollowNotices, Counter::kFollowResumeRefused))
     out +=
         "  follow: " + Group(Counter::kFollowNotices, Counter::kFollowResumeRefused, false) + "\n";
+  // Only where prefetch did something (VMMIPC_PREFETCH=1 with follow).
+  if (Any(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched))
+    out += "  prefetch: " + Group(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched, false) +
+           "\n";
   out += "  open failures: " + Group(kFirstFetchFailure, Counter::kOpenFailedInvalid, true);
   return out;
 }

@@ -24,6 +24,7 @@ void VmmMappings::TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken)
   while (it != records_.end() && it->second.mapping.base < base + size) {
     taken->records.push_back(it->second.mapping);
     taken->holders.push_back(std::move(it->second.holders));
+    if (it->second.handed_out) handed_out_.erase(it->first);
     if (it->second.fd.valid()) {
       --cached_fds_;
       taken->fds.push_back(std::move(it->second.fd));

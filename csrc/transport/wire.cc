@@ -195,10 +195,11 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   if (preamble.version != kVersion) return WireError::kBadVersion;
   if (message.size() != kRequestSize) return WireError::kBadLength;
   const uint8_t* p = message.data();
-  // A watch request names the follower its connection is kept for.
-  const bool watch = (Get16(p + 6) & kRequestFlagWatch) != 0;
+  // A watch request names the follower its connection is kept for, and a
+  // prefetch request the follower its extra runs are recorded for.
+  const bool needs_follower = (Get16(p + 6) & (kRequestFlagWatch | kRequestFlagPrefetch)) != 0;
   if ((Get16(p + 6) & ~kKnownRequestFlags) != 0 || Get16(p + 70) != 0 ||
-      (watch && Get32(p + 12) == 0))
+      (needs_follower && Get32(p + 12) == 0))
     return WireError::kBadReserved;
   PeekRequestFields(message, out);
   return WireError::kOk;
@@ -219,8 +220,9 @@ uint32_t BatchCount(uint32_t total_chunks) {
 }
 
 std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
-                                 std::span<const ReplyEntry> entries) {
-  std::vector<uint8_t> out(kReplyHeaderSize + entries.size() * kReplyEntrySize, 0);
+                                 std::span<const ReplyEntry> entries, bool prefetch_layout) {
+  const size_t entry_size = prefetch_layout ? kPrefetchReplyEntrySize : kReplyEntrySize;
+  std::vector<uint8_t> out(kReplyHeaderSize + entries.size() * entry_size, 0);
   uint8_t* p = out.data();
   Put32(p + 0, kReplyMagic);
   Put16(p + 4, kVersion);
@@ -230,17 +232,20 @@ std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const Re
   Put32(p + 16, header.batch_count);
   Put32(p + 20, static_cast<uint32_t>(entries.size()));
   for (size_t i = 0; i < entries.size(); ++i) {
-    uint8_t* e = p + kReplyHeaderSize + i * kReplyEntrySize;
+    uint8_t* e = p + kReplyHeaderSize + i * entry_size;
     Put64(e + 0, entries[i].address);
     Put64(e + 8, entries[i].size);
-    Put64(e + 16, entries[i].generation);
+    Put32(e + 16, entries[i].generation);
+    Put32(e + 20, prefetch_layout ? static_cast<uint32_t>(entries[i].kind) : 0);
+    if (prefetch_layout) Put64(e + 24, entries[i].region_base);
   }
   Put64(p + 24, ReplyMac(key, nonce, out));
   return out;
 }
 
 WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
-                     ReplyHeader* header, std::vector<ReplyEntry>* entries) {
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries, bool prefetch_layout) {
+  const size_t entry_size = prefetch_layout ? kPrefetchReplyEntrySize : kReplyEntrySize;
   if (message.size() < kReplyHeaderSize) return WireError::kTooShort;
   const uint8_t* p = message.data();
   if (Get32(p) != kReplyMagic) return WireError::kBadMagic;
@@ -257,7 +262,7 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
   // whatever its layout.
   if (!MacEqual(ReplyMac(key, nonce, message), Get64(p + 24))) return WireError::kBadMac;
   if (h.entry_count > kMaxChunksPerBatch ||
-      message.size() != kReplyHeaderSize + size_t{h.entry_count} * kReplyEntrySize) {
+      message.size() != kReplyHeaderSize + size_t{h.entry_count} * entry_size) {
     return WireError::kBadLength;
   }
   if (h.status != 0) {
@@ -275,12 +280,15 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
   }
   std::vector<ReplyEntry> parsed(h.entry_count);
   for (size_t i = 0; i < parsed.size(); ++i) {
-    const uint8_t* e = p + kReplyHeaderSize + i * kReplyEntrySize;
+    const uint8_t* e = p + kReplyHeaderSize + i * entry_size;
     // Generations are 32-bit (the handle's width); the wire keeps 64 bits
-    // for them, and a value past 32 is no generation an exporter made.
-    const uint64_t generation = Get64(e + 16);
-    if (generation > UINT32_MAX) return WireError::kBadLayout;
-    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), static_cast<uint32_t>(generation)};
+    // for them, and a value past 32 is no generation an exporter made. In
+    // the prefetch layout the upper 32 bits say the entry's kind.
+    const uint32_t kind = Get32(e + 20);
+    if (kind > static_cast<uint32_t>(EntryKind::kPrefetchNext) || (kind != 0 && !prefetch_layout))
+      return WireError::kBadLayout;
+    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), Get32(e + 16), static_cast<EntryKind>(kind),
+                           prefetch_layout ? Get64(e + 24) : 0};
     if (parsed[i].size == 0 || parsed[i].address + parsed[i].size < parsed[i].address) {
       return WireError::kBadLayout;  // empty, or wraps around the address space
     }

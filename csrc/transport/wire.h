@@ -23,7 +23,13 @@ inline constexpr uint32_t kAckMagic = 0x4b414d56;      // bytes "VMAK"
 // the watch connection of the request's follower (events about chunks it was
 // granted: a pause or resume of a memory saver; docs/protocol.md, "Follow").
 inline constexpr uint16_t kRequestFlagWatch = 1;
-inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch;
+// kRequestFlagPrefetch: the importer takes, in this reply, the other runs the
+// exporter handed out handles for (docs/protocol.md, "Prefetch"); the reply's
+// entries then have the prefetch layout (kPrefetchReplyEntrySize). Only with
+// a follower id: the exporter records them as granted to it, and tells it
+// when it unmaps them. An older exporter refuses the bit (kBadRequest).
+inline constexpr uint16_t kRequestFlagPrefetch = 2;
+inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch | kRequestFlagPrefetch;
 
 // The request's first 32 bytes (magic, version, flags, pid, reserved, nonce)
 // keep their layout in every version, so that a server can answer a request
@@ -32,12 +38,16 @@ inline constexpr size_t kRequestPreambleSize = 32;
 inline constexpr size_t kRequestSize = 80;
 inline constexpr size_t kReplyHeaderSize = 32;
 inline constexpr size_t kReplyEntrySize = 24;
+// A reply to a request with kRequestFlagPrefetch: each entry also says which
+// run it belongs to and that run's region base (where the importer places it).
+inline constexpr size_t kPrefetchReplyEntrySize = 32;
 // One fd per entry, so at most the kernel's SCM_MAX_FD (kMaxFdsPerMessage).
 inline constexpr size_t kMaxChunksPerBatch = 253;
 // Bound on one span, so that a reply cannot ask the client to hold an
 // unbounded number of fds and entries.
 inline constexpr uint32_t kMaxTotalChunks = 1u << 20;
-inline constexpr size_t kMaxReplySize = kReplyHeaderSize + kMaxChunksPerBatch * kReplyEntrySize;
+inline constexpr size_t kMaxReplySize =
+    kReplyHeaderSize + kMaxChunksPerBatch * kPrefetchReplyEntrySize;
 
 using Nonce = std::array<uint8_t, 16>;
 
@@ -122,23 +132,36 @@ struct ReplyHeader {
   uint32_t entry_count = 0;
 };
 
+// Which run a reply entry belongs to (prefetch layout only; always kRun in
+// the plain one).
+enum class EntryKind : uint8_t {
+  kRun = 0,            // the run of the handle the request named
+  kPrefetchStart = 1,  // the first chunk of another run the exporter handed out
+  kPrefetchNext = 2,   // the next chunk of that run (contiguous with the previous entry)
+};
+
 struct ReplyEntry {
   uint64_t address = 0;
   uint64_t size = 0;
-  uint32_t generation = 0;  // 64 bits on the wire (docs/protocol.md), 32 in the handle
+  uint32_t generation = 0;           // 64 bits on the wire (docs/protocol.md), 32 in the handle
+  EntryKind kind = EntryKind::kRun;  // prefetch layout: the generation's upper 32 bits
+  uint64_t region_base = 0;          // prefetch layout only: the run's region base
 };
 
 // Number of messages a reply of `total_chunks` chunks takes (1 for a refusal).
 uint32_t BatchCount(uint32_t total_chunks);
 
-// One reply message. For a refusal pass status != 0, total 0, batch 0 of 1, no entries.
+// One reply message. For a refusal pass status != 0, total 0, batch 0 of 1,
+// no entries. `prefetch_layout`: entries of kPrefetchReplyEntrySize (the
+// request had kRequestFlagPrefetch); else of kReplyEntrySize, kind kRun only.
 std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
-                                 std::span<const ReplyEntry> entries);
+                                 std::span<const ReplyEntry> entries, bool prefetch_layout = false);
 // Checks in this order: size, magic, version (header filled from here on),
 // MAC, then length and layout; entries filled only on kOk. On kBadMac the
 // header is still filled, so that the caller can see what the record claims.
 WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
-                     ReplyHeader* header, std::vector<ReplyEntry>* entries);
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries,
+                     bool prefetch_layout = false);
 
 // Events on a watch connection, exporter to importer, and their acks. Both
 // are MAC'd under the key of the request that opened the connection and its

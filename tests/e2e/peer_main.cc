@@ -17,6 +17,8 @@
 // (graph_capture, graph_launch; real driver only); the follow-holder tests
 // (follow_holders_test.cc) watch an exporter without the library, to see
 // every event it sends (raw_watch, raw_events, raw_ack, raw_watches: raw_follower.h).
+// The prefetch tests (prefetch_test.cc) count the memfds a forked child keeps
+// (fork_memfds) and fetch with the prefetch flag (raw_fetch ... prefetch).
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>
@@ -678,6 +680,45 @@ std::string ForkStorm(int n, IpcFns* fns) {
   return "ok exited=" + std::to_string(exited) + (other.empty() ? "" : " other:" + other);
 }
 
+// The memfds this process holds (the simulated driver's chunks: its own
+// handles' and any fd of a peer's chunk it keeps).
+int MemfdCount() {
+  int count = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256] = {};
+    const std::string link = "/proc/self/fd/" + std::string(e->d_name);
+    if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+        std::string(target).rfind("/memfd:", 0) == 0)
+      ++count;
+  }
+  closedir(d);
+  return count;
+}
+
+// "ok PARENT CHILD": the memfds of this process, and of a child forked now,
+// counted in the child right after the fork (the fork handlers have run).
+std::string ForkMemfds() {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return "err pipe";
+  const int parent = MemfdCount();
+  std::cout.flush();
+  const pid_t pid = fork();
+  if (pid < 0) return "err fork";
+  if (pid == 0) {
+    const std::string count = std::to_string(MemfdCount()) + "\n";
+    (void)!write(out[1], count.data(), count.size());
+    _exit(0);
+  }
+  close(out[1]);
+  const std::string child = ReadLineFrom(out[0], 20000);
+  close(out[0]);
+  WaitChild(pid, 20000);
+  return "ok " + std::to_string(parent) + " " + child;
+}
+
 // Every descriptor of this process except 0-2 that lacks FD_CLOEXEC, as fd=target.
 std::string CloexecAudit() {
   std::string leaks;
@@ -839,6 +880,8 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
       std::exit(Run({"close", p}, fns) == "ok" ? 0 : 4);
     }
     *reply = pid < 0 ? "err fork" : "ok " + WaitChild(pid, 40000);
+  } else if (cmd == "fork_memfds") {
+    *reply = ForkMemfds();
   } else if (cmd == "cloexec_audit") {
     *reply = CloexecAudit();
   } else if (cmd == "exec_fds") {

@@ -1151,6 +1151,105 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
   ExpectNoFdLeak();
 }
 
+// Prefetch: what the handler prefetched goes after the handle's run, to a
+// request that asked, each chunk with its run's start and region base; to one
+// that did not ask, nothing of it.
+TEST_F(TransportListener, PrefetchedRunsGoOnlyToARequestThatAsked) {
+  const uint32_t pid = FakePid();
+  {
+    std::vector<bool> asked;
+    auto listener = MustStart(Options(pid), [&](const ServeRequest& r) {
+      asked.push_back(r.prefetch);
+      ServeReply reply = ChunksHandler(1)(r);
+      for (int i = 0; i < 3; ++i) {
+        ChunkGrant g;
+        g.address = kBase + (i == 2 ? 8 : 2 + i) * kChunk;
+        g.size = kChunk;
+        g.generation = 9;
+        g.fd = Memfd(static_cast<uint32_t>(2000 + i));
+        g.region_base = i == 2 ? kBase + 8 * kChunk : kBase + 2 * kChunk;
+        g.run_start = i != 1;
+        reply.prefetched.push_back(std::move(g));
+      }
+      return reply;
+    });
+    ASSERT_NE(listener, nullptr);
+    ClientOptions client = Client();
+    client.follower = 5;
+    client.prefetch = true;
+    FetchResult result = FetchChunks(Request(pid), client);
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    ASSERT_EQ(result.chunks.size(), 1u);
+    ASSERT_EQ(result.prefetched.size(), 3u);
+    EXPECT_EQ(result.prefetched[0].address, kBase + 2 * kChunk);
+    EXPECT_TRUE(result.prefetched[0].run_start);
+    EXPECT_FALSE(result.prefetched[1].run_start);
+    EXPECT_TRUE(result.prefetched[2].run_start);
+    EXPECT_EQ(result.prefetched[1].region_base, kBase + 2 * kChunk);
+    EXPECT_EQ(result.prefetched[2].region_base, kBase + 8 * kChunk);
+    EXPECT_EQ(TagOf(result.prefetched[1].fd.get()), 2001u);
+
+    // Without the flag: the handle's run only.
+    FetchResult plain = FetchChunks(Request(pid), Client());
+    ASSERT_EQ(plain.status, FetchStatus::kOk) << plain.detail;
+    EXPECT_EQ(plain.chunks.size(), 1u);
+    EXPECT_TRUE(plain.prefetched.empty());
+    EXPECT_EQ(asked, (std::vector<bool>{true, false}));
+  }
+  ExpectNoFdLeak();
+}
+
+// A handler whose prefetched chunks overlap the handle's run, or continue no
+// run, is refused as internal: nothing of it is sent.
+TEST_F(TransportListener, InvalidPrefetchedRunsAreRefusedAsInternal) {
+  for (int bad = 0; bad < 2; ++bad) {
+    const uint32_t pid = FakePid();
+    {
+      auto listener = MustStart(Options(pid), [&](const ServeRequest& r) {
+        ServeReply reply = ChunksHandler(1)(r);
+        ChunkGrant g;
+        g.address = bad == 0 ? kBase : kBase + 4 * kChunk;  // overlaps, or starts nothing
+        g.size = kChunk;
+        g.fd = Memfd(3000);
+        g.run_start = bad == 0;
+        reply.prefetched.push_back(std::move(g));
+        return reply;
+      });
+      ASSERT_NE(listener, nullptr);
+      ClientOptions client = Client();
+      client.follower = 5;
+      client.prefetch = true;
+      FetchResult result = FetchChunks(Request(pid), client);
+      EXPECT_EQ(result.status, FetchStatus::kRefused);
+      EXPECT_EQ(result.refuse, RefuseReason::kInternal);
+      EXPECT_TRUE(result.prefetched.empty() && result.chunks.empty());
+    }
+  }
+  ExpectNoFdLeak();
+}
+
+// An older exporter does not know the prefetch flag and refuses it as a bad
+// request: a verified refusal (the importer then asks again without it).
+TEST_F(TransportListener, AnOlderExporterRefusesThePrefetchFlagVerifiably) {
+  const uint32_t pid = FakePid();
+  {
+    ScriptedServer server(pid, [&](int fd, const wire::RequestPreamble& request) {
+      wire::ReplyHeader h;
+      h.status = static_cast<uint16_t>(RefuseReason::kBadRequest);
+      h.batch_count = 1;
+      SendReply(fd, request.nonce, GenuineKey(pid), h, {}, {});
+    });
+    ClientOptions client = Client();
+    client.follower = 5;
+    client.prefetch = true;
+    FetchResult result = FetchChunks(Request(pid), client);
+    EXPECT_EQ(result.status, FetchStatus::kRefused);
+    EXPECT_EQ(result.refuse, RefuseReason::kBadRequest);
+    EXPECT_TRUE(result.verified);
+  }
+  ExpectNoFdLeak();
+}
+
 // Issue 11: many importers connecting at once are all served, none refused
 // or dropped, and a silent connection among them delays nobody.
 TEST_F(TransportListener, ManyPeersAtOnceWithASilentOneAmongThem) {

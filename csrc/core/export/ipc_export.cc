@@ -12,6 +12,7 @@
 #include "core/handle_fields.h"
 #include "core/hooks.h"
 #include "core/identity.h"
+#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "ledger/handle_codec.h"
@@ -76,6 +77,8 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
     else
       QueueExportAhead(exporter, chunk.base);
   }
+  // Prefetch: runs handed out may be sent ahead to importers that follow.
+  if (PrefetchOn()) exporter.mappings().MarkHandedOut(chunk.base, chunk.generation);
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

@@ -110,8 +110,9 @@ bool LogForOpensInFlight(ImportSide& importer, const ledger::ExporterId& exporte
   return importer.LogForOpensInFlight(exporter, logged);
 }
 
-// The follow thread's handler: one event of exporter `tag` (pid << 32 | instance).
-AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
+// One event of exporter `tag` (pid << 32 | instance) for what is mapped here
+// and the opens in flight.
+AckStatus OnMappedEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   try {
     ImportSide& importer = Importer();
     UseFollowContext(importer);
@@ -141,6 +142,49 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   }
 }
 
+ledger::ExporterId ExporterOf(uint64_t tag) {
+  return ledger::ExporterId{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
+}
+
+// Prefetch: what this process holds of exporter `tag` ahead of its opens,
+// dropped: a chunk an event names (`all`: everything of the exporter). The
+// fds close here, on the follow thread, outside the locks.
+size_t DropPrefetched(uint64_t tag, uint64_t base, bool all) {
+  std::vector<ScopedFd> dropped;
+  const size_t count = Importer().DropPrefetched(ExporterOf(tag), base, all, &dropped);
+  if (count != 0) {
+    stats::Count(stats::Counter::kPrefetchedDropped, count);
+    VMMIPC_LOG_DEBUG("prefetch: dropped {} prefetched chunk(s) of pid {}{}", count,
+                     static_cast<uint32_t>(tag >> 32), all ? "" : fmt::format(" at 0x{:x}", base));
+  }
+  return count;
+}
+
+// The follow thread's handler. What is mapped first and the event logged for
+// the opens in flight, then what was prefetched: an open that kept what its
+// fetch prefetched before the event was logged has it dropped here; one that
+// kept it after has the event in its log (core/import/import_side.h).
+AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
+  AckStatus status = OnMappedEvent(tag, event, std::move(fd));
+  try {
+    if (DropPrefetched(tag, event.base, event.kind == EventKind::kUnfollowed) != 0 &&
+        status == AckStatus::kNotHeld)
+      status = AckStatus::kDone;  // it held fds of it: they are closed
+  } catch (...) {
+    return AckStatus::kFailed;
+  }
+  return status;
+}
+
+// The watch connection to exporter `tag` ended (it exited, or broke the
+// protocol): nothing would tell this process of its unmaps any more.
+void OnWatchEnded(uint64_t tag) noexcept {
+  try {
+    DropPrefetched(tag, 0, true);
+  } catch (...) {
+  }
+}
+
 uint64_t Tag(uint32_t pid, uint32_t instance) { return (uint64_t{pid} << 32) | instance; }
 
 }  // namespace
@@ -165,16 +209,18 @@ void KeepWatch(ImportSide& importer, uint32_t pid, uint32_t instance,
   auto make = [](void** context) {
     CUcontext current = nullptr;
     if (VMMIPC_REAL(CtxGetCurrent, &current) == CUDA_SUCCESS) *context = current;
-    return std::make_unique<transport::WatchClient>(OnEvent, config::Get().timeout());
+    return std::make_unique<transport::WatchClient>(OnEvent, config::Get().timeout(), OnWatchEnded);
   };
   std::string error;
   // An open of each exporter not followed yet asks again: rate-limited.
   static log::LineLimit lines;
-  if (!importer.follow().AddWatch(Tag(pid, instance), std::move(connection), make, &error))
+  if (!importer.follow().AddWatch(Tag(pid, instance), std::move(connection), make, &error)) {
+    DropPrefetched(Tag(pid, instance), 0, true);
     log::LogLimited(lines, log::Level::kWarn, "follow", "failures to follow an exporter",
                     "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
                     "followed here",
                     pid, error);
+  }
 }
 
 }  // namespace vmmipc::core

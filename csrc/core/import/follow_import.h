@@ -11,6 +11,10 @@
 
 namespace vmmipc::core {
 
+// The tag of an exporter's watch connection (ImportFollow, WatchClient).
+inline uint64_t WatchTag(const ledger::ExporterId& exporter) {
+  return (uint64_t{exporter.pid} << 32) | (exporter.instance & 0xFFFFFFFFu);
+}
 // The follower id its requests carry: 0 with follow off.
 uint32_t FollowerId(ImportSide& importer);
 // True when this open should ask exporter (pid, instance) for a watch

@@ -12,10 +12,12 @@ std::optional<uint64_t> ImportSide::Reopen(const ledger::OpenKey& key) {
 
 std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key, uint64_t in_flight,
                                                     std::vector<ledger::FollowEvent>* missed,
-                                                    bool* overflowed) {
+                                                    bool* overflowed, PrefetchKeep* keep) {
   return WithTable([&](ledger::ImportTable& table) -> std::optional<uint64_t> {
     *overflowed = false;
     if (in_flight != 0) *missed = in_flight_.End(in_flight, overflowed);
+    if (keep != nullptr && !keep->runs.empty())
+      KeepPrefetchedLocked(key.exporter, *missed, *overflowed, keep);
     return table.Reopen(key);
   });
 }

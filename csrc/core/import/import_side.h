@@ -31,19 +31,31 @@
 //    exporter's opens, in the table and in flight (taken in index order;
 //    nothing else takes two), so an open's place .. record steps and an
 //    event of its exporter never interleave.
+//  - Prefetch: the prefetched fds (ledger/prefetched_fds.h) are read and
+//    written under import_mutex_ and, inside it, prefetch_mutex_, a fork
+//    lock (so that a forked child can always close its copies). An open
+//    keeps what its fetch prefetched in the hold of import_mutex_ that ends
+//    its flight, and the follow thread drops what an event names after it
+//    logged the event for the opens in flight: either the open's log has
+//    the event, or the drop finds what the open kept
+//    (core/import/import_prefetch.cc).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
+#include "common/fork_lock.h"
 #include "core/import/import_follow.h"
+#include "core/prefetch.h"
 #include "ledger/handle_codec.h"
 #include "ledger/import_table.h"
 #include "ledger/import_zone.h"
 #include "ledger/in_flight_opens.h"
+#include "ledger/prefetched_fds.h"
 #include "ledger/zone_anchor_table.h"
 #include "transport/client/fetch_client.h"
 
@@ -58,9 +70,19 @@ class ImportSide {
   // meanwhile; else nullopt and the follow events that came for the open in
   // flight `in_flight` (from BeginOpen; 0: none), `*overflowed` when more came
   // than its log holds. Ends the open in flight either way.
+  // Prefetch: the runs an open's fetch brought besides its own, kept in the
+  // same hold when this process still follows their exporter (a watch
+  // connection to `watch_tag` is kept) and no event in the open's log
+  // touched them; the fds of the rest go to `dropped`, for the caller to close.
+  struct PrefetchKeep {
+    std::vector<std::vector<ledger::PrefetchedChunk>> runs;
+    uint64_t watch_tag = 0;
+    size_t kept = 0;                // out: chunks kept
+    std::vector<ScopedFd> dropped;  // out
+  };
   std::optional<uint64_t> ReopenOrEndOpen(const ledger::OpenKey& key, uint64_t in_flight,
                                           std::vector<ledger::FollowEvent>* missed,
-                                          bool* overflowed);
+                                          bool* overflowed, PrefetchKeep* keep = nullptr);
 
   // The chunks one open maps, and the targets its record holds.
   struct RunPlan {
@@ -113,6 +135,26 @@ class ImportSide {
   std::vector<ledger::FollowEvent> EndOpen(uint64_t id, bool* overflowed);
   // Logs `event` for the opens of `exporter` in flight; false when none is.
   bool LogForOpensInFlight(const ledger::ExporterId& exporter, const ledger::FollowEvent& event);
+
+  // Prefetch (ledger::PrefetchedFds, core/import/import_prefetch.cc): the
+  // run an open of a handle at `base` would fetch, taken out (empty: fetch).
+  std::vector<ledger::PrefetchedChunk> TakePrefetched(const ledger::ExporterId& exporter,
+                                                      uint64_t base, uint64_t size,
+                                                      uint32_t generation, uint64_t region_base);
+  // A follow event at `base` (unfollowed: `all`), after it was logged for the
+  // opens in flight: what is kept of it is dropped, its fds moved to
+  // `*dropped`; returns how many chunks.
+  size_t DropPrefetched(const ledger::ExporterId& exporter, uint64_t base, bool all,
+                        std::vector<ScopedFd>* dropped);
+  size_t prefetched_fd_count();
+  // An exporter that refused the prefetch flag (an older vmmipc): asked without from then on.
+  void NoPrefetchFrom(const ledger::ExporterId& exporter);
+  bool PrefetchRefusedBy(const ledger::ExporterId& exporter);
+  // The fork handlers' (core/process_state.cc), for prefetch_mutex_; in a
+  // forked child, closes its copies of the prefetched fds.
+  void PreparePrefetchFork() noexcept { prefetch_mutex_.PrepareFork(); }
+  void ParentPrefetchAfterFork() noexcept { prefetch_mutex_.ParentAfterFork(); }
+  void ClosePrefetchedAfterFork() noexcept;
 
   // The placement lock of a handle: its rank slot, or its exporter's pid
   // when the exporter has no rank (rank_slot is ledger::kUnranked).
@@ -190,6 +232,14 @@ class ImportSide {
   ZoneState zone_state_ = ZoneState::kUntried;
 
   ledger::InFlightOpens in_flight_;  // under import_mutex_
+
+  // Keeps `keep`'s runs; caller holds import_mutex_.
+  void KeepPrefetchedLocked(const ledger::ExporterId& exporter,
+                            const std::vector<ledger::FollowEvent>& missed, bool overflowed,
+                            PrefetchKeep* keep);
+  ForkMutex prefetch_mutex_;  // inside import_mutex_
+  ledger::PrefetchedFds prefetched_{kMaxPrefetchedFdsPerExporter, kMaxPrefetchedBytesPerExporter};
+  std::set<ledger::ExporterId> no_prefetch_;  // under import_mutex_
 
   ImportFollow follow_;
 };

@@ -85,9 +85,14 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
 
 }  // namespace
 
-CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
+CUresult FetchRun(FollowedOpen& followed, Opening* open) {
   const ledger::Vmm2Handle& h = open->handle;
   const auto fetch_start = SteadyClock::now();
+  // Prefetch: an earlier fetch brought this run already; no round trip.
+  if (followed.TakePrefetched(open)) {
+    open->fetch_us = MicrosSince(fetch_start);
+    return CUDA_SUCCESS;
+  }
   const config::Params& params = config::Get();
   // A version 3 handle's exporter listens under its instance; a version 2
   // one (an older vmmipc) under its pid.
@@ -95,9 +100,25 @@ CUresult FetchRun(const FollowedOpen& followed, Opening* open) {
   const transport::FetchRequest request{FieldsOf(h), h.capability, instance};
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
-  open->fetched = transport::FetchChunks(
-      request, {params.socket_dir, params.timeout(), followed.watch(), followed.follower(),
-                static_cast<size_t>(params.warm_connections)});
+  auto fetch = [&] {
+    transport::ClientOptions options{params.socket_dir,
+                                     params.timeout(),
+                                     followed.watch(),
+                                     followed.follower(),
+                                     static_cast<size_t>(params.warm_connections),
+                                     followed.prefetch()};
+    return transport::FetchChunks(request, options);
+  };
+  open->fetched = fetch();
+  // An older vmmipc refuses the prefetch flag as a bad request: asked again
+  // without it, once per exporter (remembered).
+  if (followed.prefetch() && open->fetched.status == transport::FetchStatus::kRefused &&
+      open->fetched.refuse == transport::RefuseReason::kBadRequest && open->fetched.verified) {
+    VMMIPC_LOG_DEBUG("exporter pid {} refused the prefetch flag (an older vmmipc): asking without",
+                     h.pid);
+    followed.PrefetchRefused();
+    open->fetched = fetch();
+  }
   if (open->fetched.status != transport::FetchStatus::kOk) return FetchFailure(open->fetched, h);
   stats::Count(stats::Counter::kFdsReceived, open->fetched.chunks.size());
   if (!RunIsConsistent(open->fetched.chunks, h)) {

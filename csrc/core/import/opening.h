@@ -81,7 +81,9 @@ std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& r
 // fetch: the run from the exporter, checked to start at the handle's chunk
 // and to be contiguous. Holds no lock: a stopped or slow exporter delays only
 // the opens of its own handles, each bounded by VMMIPC_TIMEOUT_MS.
-CUresult FetchRun(const FollowedOpen& followed, Opening* open);
+// With prefetch, an earlier fetch may have brought the run already: then no
+// round trip at all (FollowedOpen::TakePrefetched).
+CUresult FetchRun(FollowedOpen& followed, Opening* open);
 
 // place: the run's zone slot when the exporter is ranked, the slot serves no
 // other exporter, the run fits it and nothing else is mapped there (a stale

@@ -155,7 +155,9 @@ Ended Connect(Fetch& fetch) {
 Ended SendRequest(Fetch& fetch) {
   const FetchRequest& request = fetch.request;
   wire::Request wire_request;
-  wire_request.flags = fetch.options.watch ? wire::kRequestFlagWatch : 0;
+  wire_request.flags =
+      static_cast<uint16_t>((fetch.options.watch ? wire::kRequestFlagWatch : 0) |
+                            (fetch.options.prefetch ? wire::kRequestFlagPrefetch : 0));
   wire_request.follower = fetch.options.follower;
   wire_request.handle = request.handle;
   // 128 bits that make this exchange's reply MACs its own: random from the
@@ -179,6 +181,8 @@ FetchResult HandOver(Fetch& fetch) {
   result.verified = true;
   result.chunks = std::move(fetch.chunks);
   fetch.chunks.clear();  // moved from: nothing left for ~Fetch to reap
+  result.prefetched = std::move(fetch.prefetched);
+  fetch.prefetched.clear();
   result.connect_us = MicrosBetween(fetch.start, fetch.connected);
   result.answer_us = MicrosSince(fetch.connected);
   result.warm = fetch.reused;

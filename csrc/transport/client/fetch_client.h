@@ -36,6 +36,10 @@ struct ClientOptions {
   // Keep the connection after the fetch, and reuse a kept one, up to this
   // many in all (warm_connections.h); 0: a new connection per fetch.
   size_t warm_connections = 0;
+  // Take the other runs the exporter handed out handles for in the reply
+  // (prefetch; requires follower). An older exporter refuses the request
+  // (kRefused, kBadRequest): ask it again without.
+  bool prefetch = false;
 };
 
 // A connection kept after a fetch with ClientOptions::watch: the exporter
@@ -82,7 +86,11 @@ struct FetchResult {
   bool verified = false;
   std::string detail;              // one human sentence for the log line
   std::vector<ChunkGrant> chunks;  // when status == kOk, in address order
-  WatchConnection watch;           // when status == kOk and options.watch
+  // With options.prefetch: other runs of the exporter, run by run (each a
+  // run_start chunk and its contiguous next ones, with their region base);
+  // none overlaps another or `chunks`.
+  std::vector<ChunkGrant> prefetched;
+  WatchConnection watch;  // when status == kOk and options.watch
   // Where the exchange's time went, for the open's debug line (kOk only):
   // socket and connect, then the request sent until the answer is in hand.
   int64_t connect_us = 0;

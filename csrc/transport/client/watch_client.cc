@@ -25,6 +25,7 @@ namespace vmmipc::transport {
 
 struct WatchClient::Impl {
   EventHandler handler;
+  EndedHandler ended = nullptr;
   int timeout_ms = 5000;
   // Guards connections and thread start; never held across I/O or the handler.
   // A fork lock (common/fork_lock.h): a forked child closes its copies of the
@@ -137,12 +138,15 @@ void WatchClient::Impl::Run() noexcept {
       VMMIPC_LOG_DEBUG("follow: watch connection to exporter pid {} closed",
                        static_cast<uint32_t>(tags[i] >> 32));
       CloseConnection(std::move(gone.fd));
+      if (ended != nullptr) ended(tags[i]);
     }
   }
 }
 
-WatchClient::WatchClient(EventHandler handler, Timeout timeout) : impl_(std::make_unique<Impl>()) {
+WatchClient::WatchClient(EventHandler handler, Timeout timeout, EndedHandler ended)
+    : impl_(std::make_unique<Impl>()) {
   impl_->handler = std::move(handler);
+  impl_->ended = ended;
   impl_->timeout_ms = timeout.ms();
 }
 

@@ -25,9 +25,14 @@ namespace vmmipc::transport {
 using EventHandler =
     std::function<wire::AckStatus(uint64_t exporter, const wire::Event& event, ScopedFd fd)>;
 
+// Told, on the client's thread after it forgot the connection, that the
+// connection to `exporter` ended (its exporter hung up, or broke the
+// protocol). Must not throw.
+using EndedHandler = void (*)(uint64_t exporter);
+
 class WatchClient {
  public:
-  WatchClient(EventHandler handler, Timeout timeout);
+  WatchClient(EventHandler handler, Timeout timeout, EndedHandler ended = nullptr);
   ~WatchClient();  // stops the thread, closes the connections
   WatchClient(const WatchClient&) = delete;
   WatchClient& operator=(const WatchClient&) = delete;

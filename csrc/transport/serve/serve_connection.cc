@@ -70,9 +70,12 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
 }
 
 // True when every batch was sent.
-bool SendGrants(const PendingRequest& p, const ServeContext& context,
-                const std::vector<ChunkGrant>& chunks) {
-  const uint32_t total = static_cast<uint32_t>(chunks.size());
+bool SendGrants(const PendingRequest& p, const ServeContext& context, const ServeReply& reply) {
+  const std::vector<ChunkGrant>& chunks = reply.chunks;
+  const std::vector<ChunkGrant>& prefetched = reply.prefetched;
+  const bool prefetch_layout = p.request.prefetch;
+  const size_t all = chunks.size() + prefetched.size();
+  const uint32_t total = static_cast<uint32_t>(all);
   const uint32_t batches = wire::BatchCount(total);
   // A fresh deadline: the handler's time (exporting chunks) is not the peer's
   // fault. None on a kept connection: an importer reads each reply before its
@@ -83,19 +86,27 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context,
   std::vector<int> fds;
   for (uint32_t batch = 0; batch < batches; ++batch) {
     const size_t begin = size_t{batch} * wire::kMaxChunksPerBatch;
-    const size_t end = std::min(chunks.size(), begin + wire::kMaxChunksPerBatch);
+    const size_t end = std::min(all, begin + wire::kMaxChunksPerBatch);
     entries.clear();
     fds.clear();
     for (size_t i = begin; i < end; ++i) {
-      entries.push_back({chunks[i].address, chunks[i].size, chunks[i].generation});
-      fds.push_back(chunks[i].fd.get());
+      // The handle's run first, then the prefetched runs (CheckGrants).
+      const bool extra = i >= chunks.size();
+      const ChunkGrant& c = extra ? prefetched[i - chunks.size()] : chunks[i];
+      using wire::EntryKind;
+      const EntryKind kind =
+          !extra ? EntryKind::kRun
+                 : (c.run_start ? EntryKind::kPrefetchStart : EntryKind::kPrefetchNext);
+      entries.push_back({c.address, c.size, c.generation, kind, extra ? c.region_base : 0});
+      fds.push_back(c.fd.get());
     }
     wire::ReplyHeader header;
     header.status = 0;
     header.total_chunks = total;
     header.batch_index = batch;
     header.batch_count = batches;
-    const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, p.key, header, entries);
+    const std::vector<uint8_t> bytes =
+        wire::EncodeReply(p.nonce, p.key, header, entries, prefetch_layout);
     if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer {} failed: {} ({})",
                       context.name, batch, batches, PeerPidText(p.peer.pid),
@@ -211,6 +222,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.generation = request.handle.generation;
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   out->request.follower = request.follower;
+  out->request.prefetch = (request.flags & wire::kRequestFlagPrefetch) != 0;
   out->kept = c.kept;
   return ReadOutcome::kReady;
 }
@@ -235,6 +247,10 @@ bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) 
     return refuse(reply->refuse, reply->detail.empty() ? "the handler refused" : reply->detail);
   std::string why;
   if (RefuseReason bad = CheckGrants(&reply->chunks, &why); bad != RefuseReason::kNone)
+    return refuse(bad, why);
+  if (!p.request.prefetch) reply->prefetched.clear();  // never more than asked for
+  if (RefuseReason bad = CheckPrefetched(reply->chunks, &reply->prefetched, &why);
+      bad != RefuseReason::kNone)
     return refuse(bad, why);
   return true;
 }
@@ -355,7 +371,7 @@ ScopedFd SendReplyKeeping(PendingRequest request, const ServeReply& reply,
                           const ServeContext& context) noexcept {
   ScopedFd kept;
   const bool sent = Guarded(context, [&] {
-    if (!SendGrants(request, context, reply.chunks)) return false;
+    if (!SendGrants(request, context, reply)) return false;
     if (request.watcher) {
       context.watchers->Activate(request.watcher, std::move(request.fd));
       VMMIPC_LOG_DEBUG("listener {}: importer {} watches this process", context.name,
@@ -380,7 +396,7 @@ void CloseKept(Connection connection, const ServeContext& context) noexcept {
 }
 
 bool ReplyFitsOneMessage(const ServeReply& reply) noexcept {
-  return reply.chunks.size() <= wire::kMaxChunksPerBatch;
+  return reply.chunks.size() + reply.prefetched.size() <= wire::kMaxChunksPerBatch;
 }
 
 }  // namespace vmmipc::transport

@@ -1,0 +1,33 @@
+// Prefetch (VMMIPC_PREFETCH=1 with VMMIPC_FOLLOW=1): an importer's fetch also
+// brings the fds of other runs its exporter handed out handles for, so that
+// the open of one of their handles needs no round trip (docs/protocol.md,
+// "Prefetch"; docs/security.md says what it widens). Its bounds, and whether
+// it is on; the exporter's half is core/export/serve_prefetch.cc, the
+// importer's core/import/open_prefetched.cc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "config/params.h"
+
+namespace vmmipc::core {
+
+// Exporter, per reply: at most this many chunks and bytes of other runs (and
+// never so many that a one-message reply needs a second).
+inline constexpr size_t kMaxPrefetchChunksPerReply = 64;
+inline constexpr uint64_t kMaxPrefetchBytesPerReply = uint64_t{64} << 30;
+// Importer, per exporter: at most this many prefetched fds and bytes kept
+// (ledger/prefetched_fds.h); runs past them are fetched when opened.
+inline constexpr size_t kMaxPrefetchedFdsPerExporter = 256;
+inline constexpr uint64_t kMaxPrefetchedBytesPerExporter = uint64_t{256} << 30;
+
+// Prefetch takes effect only with follow, whose events drop what was
+// prefetched when its exporter unmaps it; without follow the setting does
+// nothing (one warning at start, core/process_state.cc).
+inline bool PrefetchOn() {
+  const config::Params& params = config::Get();
+  return params.prefetch && params.follow;
+}
+
+}  // namespace vmmipc::core
