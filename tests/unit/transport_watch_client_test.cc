@@ -33,6 +33,19 @@ struct Seen {
   }
 };
 
+// The ended handler's (a plain function pointer): the tags it was told of.
+struct Ended {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<uint64_t> tags;
+};
+Ended g_ended;
+void OnEnded(uint64_t tag) {
+  std::lock_guard<std::mutex> lock(g_ended.mutex);
+  g_ended.tags.push_back(tag);
+  g_ended.changed.notify_all();
+}
+
 class WatchClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,7 +59,9 @@ class WatchClientTest : public ::testing::Test {
           seen_.changed.notify_all();
           return wire::AckStatus::kDone;
         },
-        Timeout::Ms(1000));
+        Timeout::Ms(1000), OnEnded);
+    std::lock_guard<std::mutex> lock(g_ended.mutex);
+    g_ended.tags.clear();
     WatchConnection connection;
     connection.fd = std::move(client_end);
     connection.key = kKey;
@@ -116,6 +131,18 @@ TEST_F(WatchClientTest, AnExporterThatHungUpIsForgottenWithoutDroppingAnything) 
   EXPECT_FALSE(client_->Has(kTag));
   std::lock_guard<std::mutex> lock(seen_.mutex);
   EXPECT_TRUE(seen_.kinds.empty());
+}
+
+// Prefetch: core drops what it prefetched of an exporter once nothing would
+// tell it of that exporter's unmaps; the client says when a connection ended,
+// after it forgot it (an open that looks then sees no watch connection).
+TEST_F(WatchClientTest, AnEndedConnectionIsToldOnceItIsForgotten) {
+  exporter_.Reset();
+  std::unique_lock<std::mutex> lock(g_ended.mutex);
+  ASSERT_TRUE(g_ended.changed.wait_for(lock, std::chrono::seconds(5),
+                                       [] { return !g_ended.tags.empty(); }));
+  EXPECT_EQ(g_ended.tags, std::vector<uint64_t>{kTag});
+  EXPECT_FALSE(client_->Has(kTag));
 }
 
 }  // namespace
