@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <string>
@@ -102,6 +103,34 @@ class Prefetch : public LoggedPeerTest {
     return Peer(name, "", {}, {}, /*preload=*/false);
   }
 
+  // An exporter (rank 0) with `count` handed-out one-chunk allocations, a
+  // raw peer that cached their fds, and an importer (rank 1) that follows
+  // the exporter (`baseline`: what it holds after its first open and close,
+  // of a0) and whose open of a1 prefetched the others, up to the bound:
+  // checked, its fds at rest. Bind it: auto& [exporter, importer, raw, a, baseline].
+  struct Prefetched {
+    std::unique_ptr<PeerProcess> exporter, importer, raw;
+    std::vector<Buffer> a;
+    Resources baseline;
+  };
+  static constexpr int kBound = 64;  // core/prefetch.h kMaxPrefetchChunksPerReply
+  Prefetched PrefetchAfterTwoOpens(int count,
+                                   std::map<std::string, std::string> exporter_env = {}) {
+    Prefetched p;
+    p.exporter = PrefetchPeer("exporter", "0", std::move(exporter_env));
+    p.importer = PrefetchPeer("importer", "1");
+    p.raw = RawPeer("raw");
+    if (!p.exporter || !p.importer || !p.raw) return p;
+    p.a = HandedOut(*p.exporter, *p.raw, count);
+    p.baseline = Follow(*p.importer, p.a[0]);
+    // a1's fetch brings the others (a0 the importer holds already: not again).
+    OpenClose(*p.importer, p.a[1]);
+    const Resources expected = PlusFds(p.baseline, std::min(count - 2, kBound));
+    EXPECT_EQ(Settled(*p.importer, expected), expected)
+        << "the importer does not hold exactly the prefetched chunks' fds";
+    return p;
+  }
+
   // The exit report of a peer (VMMIPC_STATS=1).
   std::string Report(std::unique_ptr<PeerProcess>* peer) {
     const std::string log = ExitLog(peer);
@@ -111,19 +140,10 @@ class Prefetch : public LoggedPeerTest {
 };
 
 TEST_F(Prefetch, OpensOfPrefetchedHandlesNeedNoFetchAndLandWhereAFetchWouldPutThem) {
-  auto exporter = PrefetchPeer("exporter", "0");
-  auto importer = PrefetchPeer("importer", "1");
+  auto [exporter, importer, raw, a, baseline] = PrefetchAfterTwoOpens(4);
   // Follows, but does not prefetch: where a fetch puts each chunk.
   auto plain = PrefetchPeer("plain", "1", {{"VMMIPC_PREFETCH", "0"}});
-  auto raw = RawPeer("raw");
   ASSERT_TRUE(exporter && importer && plain && raw);
-  const std::vector<Buffer> a = HandedOut(*exporter, *raw, 4);
-  const Resources baseline = Follow(*importer, a[0]);
-
-  // a1's fetch brings a2 and a3 (a0 the importer holds already: not again).
-  OpenClose(*importer, a[1]);
-  EXPECT_EQ(Settled(*importer, PlusFds(baseline, 2)), PlusFds(baseline, 2))
-      << "the importer does not hold the two prefetched chunks' fds";
   const std::string p2 = OpenChecked(*importer, a[2]);
   const std::string p3 = OpenChecked(*importer, a[3]);
   const std::string q2 = OpenChecked(*plain, a[2]);
@@ -145,15 +165,9 @@ TEST_F(Prefetch, OpensOfPrefetchedHandlesNeedNoFetchAndLandWhereAFetchWouldPutTh
 }
 
 TEST_F(Prefetch, APauseOrFreeDropsThePrefetchedChunkAndANewHandleThereIsNotStale) {
-  auto exporter = PrefetchPeer("exporter", "0");
-  auto importer = PrefetchPeer("importer", "1");
+  auto [exporter, importer, raw, a, baseline] = PrefetchAfterTwoOpens(4);
   auto plain = PrefetchPeer("plain", "1", {{"VMMIPC_PREFETCH", "0"}});
-  auto raw = RawPeer("raw");
   ASSERT_TRUE(exporter && importer && plain && raw);
-  const std::vector<Buffer> a = HandedOut(*exporter, *raw, 4);
-  const Resources baseline = Follow(*importer, a[0]);
-  OpenClose(*importer, a[1]);
-  ASSERT_EQ(Settled(*importer, PlusFds(baseline, 2)), PlusFds(baseline, 2));
 
   // A pause: the importer drops its fd of a2 before the exporter's unmap returns.
   ASSERT_EQ(exporter->Call("pause a2"), "ok");
@@ -183,17 +197,9 @@ TEST_F(Prefetch, APauseOrFreeDropsThePrefetchedChunkAndANewHandleThereIsNotStale
 }
 
 TEST_F(Prefetch, AReplyPrefetchesAtMostItsBoundAndTheRestIsFetchedOnOpen) {
-  constexpr int kBound = 64;  // core/prefetch.h kMaxPrefetchChunksPerReply
   constexpr int kCount = 2 + kBound + 6;
-  auto exporter = PrefetchPeer("exporter", "0");
-  auto importer = PrefetchPeer("importer", "1");
-  auto raw = RawPeer("raw");
+  auto [exporter, importer, raw, a, baseline] = PrefetchAfterTwoOpens(kCount);
   ASSERT_TRUE(exporter && importer && raw);
-  const std::vector<Buffer> a = HandedOut(*exporter, *raw, kCount);
-  const Resources baseline = Follow(*importer, a[0]);
-  OpenClose(*importer, a[1]);
-  EXPECT_EQ(Settled(*importer, PlusFds(baseline, kBound)), PlusFds(baseline, kBound))
-      << "one reply prefetched another number of chunks than its bound";
   // Every handle opens: the first 64 from what was prefetched, the next by a
   // fetch (which prefetches the last 5), the last 5 prefetched again.
   for (int i = 2; i < kCount; ++i) OpenClose(*importer, a[i]);
@@ -227,14 +233,9 @@ TEST_F(Prefetch, NothingIsSentThatWasNotAskedFor) {
 }
 
 TEST_F(Prefetch, AStoppedImporterCostsAPauseTheTimeoutAndDropsWhatItMissedOnceItRuns) {
-  auto exporter = PrefetchPeer("exporter", "0", {{"VMMIPC_TIMEOUT_MS", "1000"}});
-  auto importer = PrefetchPeer("importer", "1");
-  auto raw = RawPeer("raw");
+  auto [exporter, importer, raw, a, baseline] =
+      PrefetchAfterTwoOpens(3, {{"VMMIPC_TIMEOUT_MS", "1000"}});
   ASSERT_TRUE(exporter && importer && raw);
-  const std::vector<Buffer> a = HandedOut(*exporter, *raw, 3);
-  const Resources baseline = Follow(*importer, a[0]);
-  OpenClose(*importer, a[1]);
-  ASSERT_EQ(Settled(*importer, PlusFds(baseline, 1)), PlusFds(baseline, 1));
 
   ASSERT_TRUE(StopAndWait(importer->pid()));
   const auto start = Clock::now();
@@ -252,14 +253,8 @@ TEST_F(Prefetch, AForkedChildKeepsNoneOfItsParentsPrefetchedFds) {
   if (!Sim()) {
     GTEST_SKIP() << "a forked child cannot use the real driver";
   }
-  auto exporter = PrefetchPeer("exporter", "0");
-  auto importer = PrefetchPeer("importer", "1");
-  auto raw = RawPeer("raw");
+  auto [exporter, importer, raw, a, baseline] = PrefetchAfterTwoOpens(4);
   ASSERT_TRUE(exporter && importer && raw);
-  const std::vector<Buffer> a = HandedOut(*exporter, *raw, 4);
-  const Resources baseline = Follow(*importer, a[0]);
-  OpenClose(*importer, a[1]);
-  ASSERT_EQ(Settled(*importer, PlusFds(baseline, 2)), PlusFds(baseline, 2));
 
   std::istringstream counts(Value(importer->Call("fork_memfds", 30000)));
   int parent = -1, child = -1;

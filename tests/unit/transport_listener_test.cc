@@ -1151,6 +1151,14 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
   ExpectNoFdLeak();
 }
 
+// A client that asks for prefetched runs (under follower id 5).
+ClientOptions PrefetchClient() {
+  ClientOptions client = Client();
+  client.follower = 5;
+  client.prefetch = true;
+  return client;
+}
+
 // Prefetch: what the handler prefetched goes after the handle's run, to a
 // request that asked, each chunk with its run's start and region base; to one
 // that did not ask, nothing of it.
@@ -1174,10 +1182,7 @@ TEST_F(TransportListener, PrefetchedRunsGoOnlyToARequestThatAsked) {
       return reply;
     });
     ASSERT_NE(listener, nullptr);
-    ClientOptions client = Client();
-    client.follower = 5;
-    client.prefetch = true;
-    FetchResult result = FetchChunks(Request(pid), client);
+    FetchResult result = FetchChunks(Request(pid), PrefetchClient());
     ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
     ASSERT_EQ(result.chunks.size(), 1u);
     ASSERT_EQ(result.prefetched.size(), 3u);
@@ -1216,10 +1221,7 @@ TEST_F(TransportListener, InvalidPrefetchedRunsAreRefusedAsInternal) {
         return reply;
       });
       ASSERT_NE(listener, nullptr);
-      ClientOptions client = Client();
-      client.follower = 5;
-      client.prefetch = true;
-      FetchResult result = FetchChunks(Request(pid), client);
+      FetchResult result = FetchChunks(Request(pid), PrefetchClient());
       EXPECT_EQ(result.status, FetchStatus::kRefused);
       EXPECT_EQ(result.refuse, RefuseReason::kInternal);
       EXPECT_TRUE(result.prefetched.empty() && result.chunks.empty());
@@ -1239,10 +1241,7 @@ TEST_F(TransportListener, AnOlderExporterRefusesThePrefetchFlagVerifiably) {
       h.batch_count = 1;
       SendReply(fd, request.nonce, GenuineKey(pid), h, {}, {});
     });
-    ClientOptions client = Client();
-    client.follower = 5;
-    client.prefetch = true;
-    FetchResult result = FetchChunks(Request(pid), client);
+    FetchResult result = FetchChunks(Request(pid), PrefetchClient());
     EXPECT_EQ(result.status, FetchStatus::kRefused);
     EXPECT_EQ(result.refuse, RefuseReason::kBadRequest);
     EXPECT_TRUE(result.verified);
