@@ -114,11 +114,11 @@ class Prefetch : public LoggedPeerTest {
     Resources baseline;
   };
   static constexpr int kBound = 64;  // core/prefetch.h kMaxPrefetchChunksPerReply
-  Prefetched PrefetchAfterTwoOpens(int count,
-                                   std::map<std::string, std::string> exporter_env = {}) {
+  Prefetched PrefetchAfterTwoOpens(int count, std::map<std::string, std::string> exporter_env = {},
+                                   std::map<std::string, std::string> importer_env = {}) {
     Prefetched p;
     p.exporter = PrefetchPeer("exporter", "0", std::move(exporter_env));
-    p.importer = PrefetchPeer("importer", "1");
+    p.importer = PrefetchPeer("importer", "1", std::move(importer_env));
     p.raw = RawPeer("raw");
     if (!p.exporter || !p.importer || !p.raw) return p;
     p.a = HandedOut(*p.exporter, *p.raw, count);
@@ -247,6 +247,41 @@ TEST_F(Prefetch, AStoppedImporterCostsAPauseTheTimeoutAndDropsWhatItMissedOnceIt
   // Running again, it catches up: the prefetched fd goes.
   EXPECT_EQ(Settled(*importer, baseline), baseline) << "the importer kept the paused chunk's fd";
   EXPECT_TRUE(StartsWith(importer->Call("open " + a[2].handle), "err "));
+}
+
+// The race of an open that took a prefetched run and a pause of it: the open
+// is in flight (it took the fds) and waits for its slot's placement lock,
+// held by another open whose import the simulator delays; the pause comes
+// then. Whichever of the open and the follow thread gets the lock first, the
+// open never maps (or keeps) the memory the pause released, and the resume
+// maps the new memory at its pointer.
+TEST_F(Prefetch, AnOpenOfAPrefetchedRunInFlightDuringAPauseFollowsItAndTheResume) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed import";
+  auto [exporter, importer, raw, a, baseline] =
+      PrefetchAfterTwoOpens(4, {}, {{"VMMIPC_LOG_LEVEL", "debug"}});
+  ASSERT_TRUE(exporter && importer && raw);
+  auto taken = [&](const Buffer& b) {
+    return LogShows(*importer, "prefetch: " + Hex(b.base) + " of pid", 5000);
+  };
+  ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 1500"), "ok");
+  ASSERT_EQ(importer->Call("open_bg " + a[3].handle + " a3"), "ok");  // holds the slot's lock
+  ASSERT_TRUE(taken(a[3]));
+  ASSERT_EQ(importer->Call("open_bg " + a[2].handle + " a2"), "ok");  // took its fds, waits
+  ASSERT_TRUE(taken(a[2]));
+  EXPECT_EQ(exporter->Call("pause a2"), "ok");
+  const std::string p2 = Value(importer->Call("open_bg_result a2"));
+  const std::string p3 = Value(importer->Call("open_bg_result a3"));
+  ASSERT_FALSE(p2.empty());
+  ASSERT_FALSE(p3.empty());
+  EXPECT_TRUE(StartsWith(importer->Call("check " + p2 + " 0x1000 1"), "err "))
+      << "the open kept the memory the pause released";
+  EXPECT_EQ(exporter->Call("resume a2"), "ok");
+  EXPECT_EQ(exporter->Call("fill " + Hex(a[2].base) + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("check " + p2 + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("check " + p3 + " " + Hex(kChunk) + " 4"), "ok");
+  EXPECT_EQ(importer->Call("close " + p2), "ok");
+  EXPECT_EQ(importer->Call("close " + p3), "ok");
+  EXPECT_EQ(Settled(*importer, baseline), baseline);
 }
 
 TEST_F(Prefetch, AForkedChildKeepsNoneOfItsParentsPrefetchedFds) {

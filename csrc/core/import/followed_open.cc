@@ -72,6 +72,8 @@ bool FollowedOpen::TakePrefetched(Opening* open) const {
     open->fetched.chunks.push_back(std::move(grant));
   }
   stats::Count(stats::Counter::kOpensPrefetched);
+  VMMIPC_LOG_DEBUG("prefetch: 0x{:x} of pid {}: its run of {} chunk(s) was prefetched, no fetch",
+                   h.address, h.pid, open->fetched.chunks.size());
   return true;
 }
 
