@@ -27,7 +27,10 @@ inline constexpr uint64_t kMaxPrefetchedBytesPerExporter = uint64_t{256} << 30;
 // nothing (one warning at start, core/process_state.cc).
 inline bool PrefetchOn() {
   const config::Params& params = config::Get();
-  return params.prefetch && params.follow;
+  return params.prefetch != 0 && params.follow;
 }
+// VMMIPC_PREFETCH=2 (importer): kept chunks are imported into the driver on
+// a thread of the import side's ahead of their open (core/import/import_ahead.cc).
+inline bool ImportAheadOn() { return PrefetchOn() && config::Get().prefetch == 2; }
 
 }  // namespace vmmipc::core

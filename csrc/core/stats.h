@@ -83,6 +83,7 @@ namespace vmmipc::core::stats {
   X(kChunksPrefetchedOut, "chunks_prefetched_out")           \
   X(kChunksPrefetched, "chunks_prefetched")                  \
   X(kPrefetchedDropped, "prefetched_dropped")                \
+  X(kChunksImportedAhead, "chunks_imported_ahead")           \
   X(kOpensPrefetched, "opens_prefetched")                    \
   /* Importer: why an open of a VMM2 handle failed. */       \
   VMMIPC_STATS_FETCH_FAILURES(X##_MAPPED)                    \

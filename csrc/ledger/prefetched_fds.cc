@@ -1,6 +1,8 @@
 // PrefetchedFds (prefetched_fds.h): an ordered map of chunks per exporter.
 #include "ledger/prefetched_fds.h"
 
+#include <fcntl.h>
+
 #include <iterator>
 
 namespace vmmipc::ledger {
@@ -22,7 +24,10 @@ bool PrefetchedFds::Keep(const ExporterId& exporter, std::vector<PrefetchedChunk
   }
   if (kept.chunks.size() + run->size() > max_fds_ || kept.bytes + bytes > max_bytes_) return false;
   OfExporter& of = exporters_[exporter];
-  for (PrefetchedChunk& chunk : *run) of.chunks.emplace(chunk.address, std::move(chunk));
+  for (PrefetchedChunk& chunk : *run) {
+    chunk.serial = next_serial_++;
+    of.chunks.emplace(chunk.address, std::move(chunk));
+  }
   of.bytes += bytes;
   run->clear();
   return true;
@@ -57,35 +62,63 @@ std::vector<PrefetchedChunk> PrefetchedFds::TakeRun(const ExporterId& exporter, 
 }
 
 bool PrefetchedFds::Drop(const ExporterId& exporter, uint64_t base,
-                         std::vector<ScopedFd>* dropped) {
+                         std::vector<PrefetchedChunk>* dropped) {
   auto of = exporters_.find(exporter);
   if (of == exporters_.end()) return false;
   auto it = of->second.chunks.find(base);
   if (it == of->second.chunks.end()) return false;
   of->second.bytes -= it->second.size;
-  dropped->push_back(std::move(it->second.fd));
+  dropped->push_back(std::move(it->second));
   of->second.chunks.erase(it);
   if (of->second.chunks.empty()) exporters_.erase(of);
   return true;
 }
 
-size_t PrefetchedFds::DropExporter(const ExporterId& exporter, std::vector<ScopedFd>* dropped) {
+size_t PrefetchedFds::DropExporter(const ExporterId& exporter,
+                                   std::vector<PrefetchedChunk>* dropped) {
   auto of = exporters_.find(exporter);
   if (of == exporters_.end()) return 0;
   const size_t count = of->second.chunks.size();
-  for (auto& [address, chunk] : of->second.chunks) dropped->push_back(std::move(chunk.fd));
+  for (auto& [address, chunk] : of->second.chunks) dropped->push_back(std::move(chunk));
   exporters_.erase(of);
   return count;
 }
 
-size_t PrefetchedFds::DropAll(std::vector<ScopedFd>* dropped) {
+size_t PrefetchedFds::DropAll(std::vector<PrefetchedChunk>* dropped) {
   size_t count = 0;
   for (auto& [exporter, of] : exporters_) {
     count += of.chunks.size();
-    for (auto& [address, chunk] : of.chunks) dropped->push_back(std::move(chunk.fd));
+    for (auto& [address, chunk] : of.chunks) dropped->push_back(std::move(chunk));
   }
   exporters_.clear();
   return count;
+}
+
+bool PrefetchedFds::NextToImport(ExporterId* exporter, uint64_t* address, uint64_t* serial,
+                                 ScopedFd* fd) {
+  for (auto& [id, of] : exporters_)
+    for (auto& [at, chunk] : of.chunks) {
+      if (chunk.import_tried) continue;
+      chunk.import_tried = true;
+      ScopedFd copy(::fcntl(chunk.fd.get(), F_DUPFD_CLOEXEC, 0));
+      if (!copy.valid()) continue;  // out of fds: the open imports it
+      *exporter = id;
+      *address = at;
+      *serial = chunk.serial;
+      *fd = std::move(copy);
+      return true;
+    }
+  return false;
+}
+
+bool PrefetchedFds::Imported(const ExporterId& exporter, uint64_t address, uint64_t serial,
+                             uint64_t handle) {
+  auto of = exporters_.find(exporter);
+  if (of == exporters_.end()) return false;
+  auto it = of->second.chunks.find(address);
+  if (it == of->second.chunks.end() || it->second.serial != serial) return false;
+  it->second.imported = handle;
+  return true;
 }
 
 size_t PrefetchedFds::fd_count() const {

@@ -23,6 +23,11 @@ struct PrefetchedChunk {
   uint64_t region_base = 0;  // of its run, as a handle of it names it
   uint64_t run_end = 0;      // where the run it came in ends, in the exporter
   ScopedFd fd;
+  // Import ahead: the driver's allocation handle of `fd`'s memory, imported
+  // on the import side's thread (0: none; whoever takes the chunk releases it).
+  uint64_t imported = 0;
+  bool import_tried = false;  // picked by NextToImport once, whatever came of it
+  uint64_t serial = 0;        // set by Keep: tells a chunk apart from a later one at its address
 };
 
 class PrefetchedFds {
@@ -39,13 +44,19 @@ class PrefetchedFds {
   // run's end is kept; else empty, nothing taken.
   std::vector<PrefetchedChunk> TakeRun(const ExporterId& exporter, uint64_t base, uint64_t size,
                                        uint32_t generation, uint64_t region_base);
-  // Drops the chunk at `base` of `exporter` (whatever its generation), its
-  // fd moved to `*dropped`; false when none is kept.
-  bool Drop(const ExporterId& exporter, uint64_t base, std::vector<ScopedFd>* dropped);
+  // Drops the chunk at `base` of `exporter` (whatever its generation), moved
+  // to `*dropped` (its fd, and its imported handle to release); false when none is kept.
+  bool Drop(const ExporterId& exporter, uint64_t base, std::vector<PrefetchedChunk>* dropped);
   // Drops everything of `exporter`; returns how many chunks.
-  size_t DropExporter(const ExporterId& exporter, std::vector<ScopedFd>* dropped);
+  size_t DropExporter(const ExporterId& exporter, std::vector<PrefetchedChunk>* dropped);
   // Drops everything (a forked child's copies); returns how many chunks.
-  size_t DropAll(std::vector<ScopedFd>* dropped);
+  size_t DropAll(std::vector<PrefetchedChunk>* dropped);
+  // Import ahead: the next kept chunk never picked, now picked, with a dup
+  // of its fd to import; false when there is none.
+  bool NextToImport(ExporterId* exporter, uint64_t* address, uint64_t* serial, ScopedFd* fd);
+  // Its import gave `handle`: kept with it when the chunk is still here
+  // (same serial); false when it went meanwhile (the caller releases `handle`).
+  bool Imported(const ExporterId& exporter, uint64_t address, uint64_t serial, uint64_t handle);
   size_t fd_count() const;
 
  private:
@@ -56,6 +67,7 @@ class PrefetchedFds {
   const size_t max_fds_;
   const uint64_t max_bytes_;
   std::map<ExporterId, OfExporter> exporters_;
+  uint64_t next_serial_ = 1;
 };
 
 }  // namespace vmmipc::ledger

@@ -284,6 +284,38 @@ TEST_F(Prefetch, AnOpenOfAPrefetchedRunInFlightDuringAPauseFollowsItAndTheResume
   EXPECT_EQ(Settled(*importer, baseline), baseline);
 }
 
+// VMMIPC_PREFETCH=2: the importer's thread imports what was prefetched before
+// any open asks (on the simulated driver each import is an allocation and an
+// fd of the driver's own); the open then only maps it, at the address a fetch
+// gives it; a pause releases the import with the fd, before the exporter's
+// unmap returns.
+TEST_F(Prefetch, ImportedAheadAnOpenOnlyMapsAndAPauseReleasesTheImport) {
+  if (!Sim()) GTEST_SKIP() << "counts the simulated driver's allocations";
+  auto [exporter, importer, raw, a, baseline] =
+      PrefetchAfterTwoOpens(4, {}, {{"VMMIPC_PREFETCH", "2"}});
+  auto plain = PrefetchPeer("plain", "1", {{"VMMIPC_PREFETCH", "0"}});
+  ASSERT_TRUE(exporter && importer && raw && plain);
+  Resources imported = PlusFds(baseline, 2 + 2);
+  imported.allocations += 2;
+  EXPECT_EQ(Settled(*importer, imported), imported) << "the two chunks were not imported ahead";
+
+  const std::string p2 = OpenChecked(*importer, a[2]);
+  EXPECT_EQ(p2, OpenChecked(*plain, a[2])) << "imported ahead, it opened elsewhere";
+  const Resources opened = Held(*importer);
+  ASSERT_EQ(exporter->Call("pause a3"), "ok");
+  Resources paused = opened;
+  paused.fds -= 2;
+  paused.allocations -= 1;
+  EXPECT_EQ(Held(*importer), paused) << "the pause left the import or the fd of a3 held";
+  EXPECT_EQ(importer->Call("close " + p2), "ok");
+  EXPECT_EQ(Settled(*importer, baseline), baseline);
+
+  const std::string report = Report(&importer);
+  EXPECT_EQ(StatsCounter(report, "chunks_imported_ahead"), 1u);
+  EXPECT_EQ(StatsCounter(report, "opens_prefetched"), 1u);
+  EXPECT_EQ(StatsCounter(report, "prefetched_dropped"), 1u);
+}
+
 TEST_F(Prefetch, AForkedChildKeepsNoneOfItsParentsPrefetchedFds) {
   if (!Sim()) {
     GTEST_SKIP() << "a forked child cannot use the real driver";

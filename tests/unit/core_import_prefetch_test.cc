@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -94,7 +97,7 @@ class ImportPrefetch : public ::testing::Test {
   uint64_t Begin() { return importer_->BeginOpen(kExporter, 0); }
 
   size_t Drop(uint64_t base) {
-    std::vector<ScopedFd> dropped;
+    std::vector<ledger::PrefetchedChunk> dropped;
     return importer_->DropPrefetched(kExporter, base, false, &dropped);
   }
 
@@ -158,9 +161,65 @@ TEST_F(ImportPrefetch, NothingIsKeptWithoutAWatchConnectionOrAfterItsLoss) {
   Watch();
   EXPECT_EQ(EndWithPrefetched(Begin(), OneChunkRun(100 * kMiB)), 1u);
   // What the watch client's end of the connection does: everything goes.
-  std::vector<ScopedFd> dropped;
+  std::vector<ledger::PrefetchedChunk> dropped;
   EXPECT_EQ(importer_->DropPrefetched(kExporter, 0, true, &dropped), 1u);
   EXPECT_EQ(importer_->prefetched_fd_count(), 0u);
+}
+
+// Import ahead's thread: it imports what is kept (an open takes the handle
+// with the fd), and an import that ends after its chunk was taken is
+// released, never kept. The fake import of the second chunk waits at a hold
+// point: once it is there, the first one's handle is kept (one import after
+// the other), and the test takes the second chunk while it is imported.
+struct FakeDriver {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool hold = true;  // the second import and later wait while set
+  int entered = 0;
+  std::vector<uint64_t> released;
+};
+FakeDriver g_driver;
+
+bool FakeImport(int fd, uint64_t* handle) {
+  std::unique_lock<std::mutex> lock(g_driver.mutex);
+  const int nth = ++g_driver.entered;
+  g_driver.changed.notify_all();
+  g_driver.changed.wait(lock, [&] { return nth < 2 || !g_driver.hold; });
+  *handle = 1000 + static_cast<uint64_t>(fd);
+  return true;
+}
+
+void FakeRelease(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(g_driver.mutex);
+  g_driver.released.push_back(handle);
+  g_driver.changed.notify_all();
+}
+
+TEST_F(ImportPrefetch, ImportedAheadTheHandleGoesWithTheFdAndALateImportIsReleased) {
+  Watch();
+  EXPECT_EQ(EndWithPrefetched(Begin(), OneChunkRun(100 * kMiB)), 1u);
+  EXPECT_EQ(EndWithPrefetched(Begin(), OneChunkRun(200 * kMiB)), 1u);
+  ASSERT_TRUE(importer_->StartImportAhead(FakeImport, FakeRelease));
+  {
+    std::unique_lock<std::mutex> lock(g_driver.mutex);
+    ASSERT_TRUE(g_driver.changed.wait_for(lock, std::chrono::seconds(5),
+                                          [] { return g_driver.entered == 2; }));
+  }
+  // Which chunk was imported first is the table's order: the lower address.
+  std::vector<ledger::PrefetchedChunk> first = Take(100 * kMiB);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_NE(first[0].imported, 0u) << "the finished import did not go with the fd";
+  std::vector<ledger::PrefetchedChunk> second = Take(200 * kMiB);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].imported, 0u) << "an import in progress held up the take";
+  {
+    std::unique_lock<std::mutex> lock(g_driver.mutex);
+    g_driver.hold = false;
+    g_driver.changed.notify_all();
+    ASSERT_TRUE(g_driver.changed.wait_for(lock, std::chrono::seconds(5), [] {
+      return g_driver.released.size() == 1;
+    })) << "the late import was not released";
+  }
 }
 
 TEST_F(ImportPrefetch, AnExporterThatRefusedTheFlagIsRemembered) {

@@ -49,7 +49,7 @@ TEST(PrefetchedFds, ARunWithAChunkDroppedIsFetchedInstead) {
   PrefetchedFds fds(16, 1ull << 40);
   auto run = ChunksFrom(100 * kMiB, 3);
   ASSERT_TRUE(fds.Keep(kExporter, &run));
-  std::vector<ScopedFd> dropped;
+  std::vector<PrefetchedChunk> dropped;
   EXPECT_TRUE(fds.Drop(kExporter, 102 * kMiB, &dropped));
   EXPECT_FALSE(fds.Drop(kExporter, 102 * kMiB, &dropped));
   EXPECT_FALSE(fds.Drop(kOther, 100 * kMiB, &dropped));
@@ -75,9 +75,37 @@ TEST(PrefetchedFds, BoundsPerExporterAndNoOverlap) {
   PrefetchedFds small(16, 4 * kMiB);
   auto big = ChunksFrom(100 * kMiB, 3);
   EXPECT_FALSE(small.Keep(kExporter, &big)) << "past the byte bound";
-  std::vector<ScopedFd> dropped;
+  std::vector<PrefetchedChunk> dropped;
   EXPECT_EQ(fds.DropAll(&dropped), 6u);
   EXPECT_EQ(fds.fd_count(), 0u);
+}
+
+// Import ahead: each kept chunk is picked once, with a dup of its fd; an
+// import that ends after its chunk went (taken, dropped, or replaced by a
+// later one at that address) is not kept, so its caller releases it.
+TEST(PrefetchedFds, AnImportThatEndsAfterItsChunkWentIsNotKept) {
+  PrefetchedFds fds(16, 1ull << 40);
+  auto run = ChunksFrom(100 * kMiB, 1);
+  ASSERT_TRUE(fds.Keep(kExporter, &run));
+  ExporterId exporter;
+  uint64_t address = 0, serial = 0;
+  ScopedFd dup;
+  ASSERT_TRUE(fds.NextToImport(&exporter, &address, &serial, &dup));
+  EXPECT_TRUE(dup.valid());
+  EXPECT_EQ(address, 100 * kMiB);
+  EXPECT_FALSE(fds.NextToImport(&exporter, &address, &serial, &dup)) << "picked twice";
+  // Taken by an open meanwhile, then a new chunk kept at the same address.
+  EXPECT_EQ(fds.TakeRun(kExporter, 100 * kMiB, 2 * kMiB, 5, 100 * kMiB).size(), 1u);
+  auto again = ChunksFrom(100 * kMiB, 1);
+  ASSERT_TRUE(fds.Keep(kExporter, &again));
+  EXPECT_FALSE(fds.Imported(kExporter, 100 * kMiB, serial, 77)) << "kept for another chunk";
+  // The new one's own import is kept, and goes with it to the open.
+  uint64_t serial2 = 0;
+  ASSERT_TRUE(fds.NextToImport(&exporter, &address, &serial2, &dup));
+  EXPECT_TRUE(fds.Imported(kExporter, 100 * kMiB, serial2, 78));
+  std::vector<PrefetchedChunk> taken = fds.TakeRun(kExporter, 100 * kMiB, 2 * kMiB, 5, 100 * kMiB);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].imported, 78u);
 }
 
 }  // namespace

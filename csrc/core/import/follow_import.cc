@@ -14,7 +14,6 @@
 #include "core/stats.h"
 
 namespace vmmipc::core {
-namespace {
 
 // The follow thread runs without a context of its own: use the importer's.
 void UseFollowContext(const ImportSide& importer) {
@@ -24,6 +23,8 @@ void UseFollowContext(const ImportSide& importer) {
         VMMIPC_REAL(CtxSetCurrent, static_cast<CUcontext>(importer.follow().follow_context())) ==
         CUDA_SUCCESS;
 }
+
+namespace {
 
 using transport::wire::AckStatus;
 using transport::wire::Event;
@@ -150,8 +151,13 @@ ledger::ExporterId ExporterOf(uint64_t tag) {
 // dropped: a chunk an event names (`all`: everything of the exporter). The
 // fds close here, on the follow thread, outside the locks.
 size_t DropPrefetched(uint64_t tag, uint64_t base, bool all) {
-  std::vector<ScopedFd> dropped;
-  const size_t count = Importer().DropPrefetched(ExporterOf(tag), base, all, &dropped);
+  std::vector<ledger::PrefetchedChunk> dropped;
+  ImportSide& importer = Importer();
+  const size_t count = importer.DropPrefetched(ExporterOf(tag), base, all, &dropped);
+  // Imported ahead (VMMIPC_PREFETCH=2): released in the caller's context
+  // (the follow thread's is the importer's: UseFollowContext).
+  for (const ledger::PrefetchedChunk& chunk : dropped)
+    if (chunk.imported != 0) ReleaseImported(chunk.imported);
   if (count != 0) {
     stats::Count(stats::Counter::kPrefetchedDropped, count);
     VMMIPC_LOG_DEBUG("prefetch: dropped {} prefetched chunk(s) of pid {}{}", count,
@@ -180,6 +186,7 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
 // protocol): nothing would tell this process of its unmaps any more.
 void OnWatchEnded(uint64_t tag) noexcept {
   try {
+    UseFollowContext(Importer());
     DropPrefetched(tag, 0, true);
   } catch (...) {
   }

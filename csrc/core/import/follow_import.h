@@ -15,6 +15,9 @@ namespace vmmipc::core {
 inline uint64_t WatchTag(const ledger::ExporterId& exporter) {
   return (uint64_t{exporter.pid} << 32) | (exporter.instance & 0xFFFFFFFFu);
 }
+// Makes the context the follow thread uses (the importer's, from its first
+// kept watch connection) current on this thread, once per thread.
+void UseFollowContext(const ImportSide& importer);
 // The follower id its requests carry: 0 with follow off.
 uint32_t FollowerId(ImportSide& importer);
 // True when this open should ask exporter (pid, instance) for a watch

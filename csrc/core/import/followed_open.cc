@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/import/follow_import.h"
+#include "core/import/vmm_calls.h"
 #include "core/prefetch.h"
 #include "core/stats.h"
 
@@ -35,6 +36,13 @@ std::vector<ledger::FetchedChunk> ApplyMissed(const std::vector<ledger::FollowEv
   VMMIPC_LOG_DEBUG("follow: pid {} paused or resumed {} time(s) while 0x{:x} was opened here",
                    open.handle.pid, missed.size(), open.handle.address);
   return run;
+}
+
+// Import ahead: on the import side's thread, in the context the follow
+// thread uses (the importer's, from its first kept watch connection).
+bool ImportOnPrefetchThread(int fd, uint64_t* handle) {
+  UseFollowContext(Importer());
+  return ImportAhead(fd, handle);
 }
 
 // The prefetched runs of a reply, run by run, each chunk with its run's end.
@@ -69,6 +77,7 @@ bool FollowedOpen::TakePrefetched(Opening* open) const {
     grant.size = chunk.size;
     grant.generation = chunk.generation;
     grant.fd = std::move(chunk.fd);
+    if (chunk.imported != 0) open->imported.by_fd[grant.fd.get()] = chunk.imported;
     open->fetched.chunks.push_back(std::move(grant));
   }
   stats::Count(stats::Counter::kOpensPrefetched);
@@ -109,7 +118,10 @@ CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened)
   keep.watch_tag = WatchTag(exporter_);
   *reopened = importer_.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed, &keep);
   in_flight_ = 0;
-  if (keep.kept != 0) stats::Count(stats::Counter::kChunksPrefetched, keep.kept);
+  if (keep.kept != 0) {
+    stats::Count(stats::Counter::kChunksPrefetched, keep.kept);
+    if (ImportAheadOn()) (void)importer_.StartImportAhead(ImportOnPrefetchThread, ReleaseImported);
+  }
   if (*reopened) return CUDA_SUCCESS;
   if (overflowed) {
     stats::Count(stats::Counter::kOpenFailedMap);

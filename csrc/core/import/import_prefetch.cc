@@ -46,7 +46,7 @@ std::vector<ledger::PrefetchedChunk> ImportSide::TakePrefetched(const ledger::Ex
 }
 
 size_t ImportSide::DropPrefetched(const ledger::ExporterId& exporter, uint64_t base, bool all,
-                                  std::vector<ScopedFd>* dropped) {
+                                  std::vector<ledger::PrefetchedChunk>* dropped) {
   return WithTable([&](ledger::ImportTable&) -> size_t {
     std::lock_guard<ForkMutex> lock(prefetch_mutex_);
     if (all) return prefetched_.DropExporter(exporter, dropped);
@@ -72,7 +72,9 @@ bool ImportSide::PrefetchRefusedBy(const ledger::ExporterId& exporter) {
 void ImportSide::ClosePrefetchedAfterFork() noexcept {
   // False only when the thread that forked held the lock itself: leave the copies open.
   if (!prefetch_mutex_.ChildAfterFork()) return;
-  std::vector<ScopedFd> copies;  // plain closes: the parent's stay open
+  // Plain closes: the parent's stay open. Imported handles are the parent's
+  // driver's, which a forked child cannot call: forgotten.
+  std::vector<ledger::PrefetchedChunk> copies;
   try {
     prefetched_.DropAll(&copies);
   } catch (...) {

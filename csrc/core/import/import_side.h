@@ -41,11 +41,14 @@
 //    (core/import/import_prefetch.cc).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/fork_lock.h"
@@ -145,11 +148,21 @@ class ImportSide {
   // opens in flight: what is kept of it is dropped, its fds moved to
   // `*dropped`; returns how many chunks.
   size_t DropPrefetched(const ledger::ExporterId& exporter, uint64_t base, bool all,
-                        std::vector<ScopedFd>* dropped);
+                        std::vector<ledger::PrefetchedChunk>* dropped);
   size_t prefetched_fd_count();
   // An exporter that refused the prefetch flag (an older vmmipc): asked without from then on.
   void NoPrefetchFrom(const ledger::ExporterId& exporter);
   bool PrefetchRefusedBy(const ledger::ExporterId& exporter);
+  // Import ahead (VMMIPC_PREFETCH=2, core/import/import_ahead.cc): one
+  // thread, started by the first call, that imports the kept chunks' fds
+  // with `import` (outside every lock) and keeps the handles with them (an
+  // open that takes them maps those); one that went meanwhile has its handle
+  // released with `release`. Wakes the thread. False when it cannot start.
+  using ImportFn = bool (*)(int fd, uint64_t* handle);
+  using ReleaseFn = void (*)(uint64_t handle);
+  bool StartImportAhead(ImportFn import, ReleaseFn release);
+  ~ImportSide();
+
   // The fork handlers' (core/process_state.cc), for prefetch_mutex_; in a
   // forked child, closes its copies of the prefetched fds.
   void PreparePrefetchFork() noexcept { prefetch_mutex_.PrepareFork(); }
@@ -240,6 +253,14 @@ class ImportSide {
   ForkMutex prefetch_mutex_;  // inside import_mutex_
   ledger::PrefetchedFds prefetched_{kMaxPrefetchedFdsPerExporter, kMaxPrefetchedBytesPerExporter};
   std::set<ledger::ExporterId> no_prefetch_;  // under import_mutex_
+
+  // Import ahead: the thread (never joined in a process's own state, which
+  // is never destroyed; a forked child's is parked), woken through
+  // import_ahead_wake_ under import_mutex_.
+  void ImportAheadLoop(ImportFn import, ReleaseFn release);
+  std::unique_ptr<std::thread> import_ahead_thread_;  // under import_mutex_
+  std::condition_variable import_ahead_wake_;
+  bool import_ahead_stop_ = false;  // under import_mutex_
 
   ImportFollow follow_;
 };

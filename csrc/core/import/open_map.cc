@@ -31,6 +31,18 @@ CUresult OpenAccessByStretch(const ImportSide::RunPlan& plan, CUdevice device) {
 
 }  // namespace
 
+ImportedAhead::~ImportedAhead() {
+  for (const auto& [fd, handle] : by_fd) ReleaseImported(handle);
+}
+
+uint64_t ImportedAhead::Take(int fd) {
+  auto it = by_fd.find(fd);
+  if (it == by_fd.end()) return 0;
+  const uint64_t handle = it->second;
+  by_fd.erase(it);
+  return handle;
+}
+
 CUresult MapRun(ImportSide& importer, Opening* open) {
   open->map_start = SteadyClock::now();
   const Placement& placement = open->placement;
@@ -44,7 +56,11 @@ CUresult MapRun(ImportSide& importer, Opening* open) {
   for (; result == CUDA_SUCCESS && mapped_count < plan.mapped_now.size(); ++mapped_count) {
     if (plan.fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
     const ledger::MappedChunk& chunk = plan.mapped_now[mapped_count];
-    result = MapChunk(plan.fd_to_map[mapped_count], chunk.target, chunk.size);
+    // Prefetch may have imported it already: then only the map is left.
+    const uint64_t ahead = open->imported.Take(plan.fd_to_map[mapped_count]);
+    if (ahead != 0) stats::Count(stats::Counter::kChunksImportedAhead);
+    result = ahead != 0 ? MapImportedChunk(ahead, chunk.target, chunk.size)
+                        : MapChunk(plan.fd_to_map[mapped_count], chunk.target, chunk.size);
     if (result != CUDA_SUCCESS) break;
   }
   open->import_and_map_us = MicrosSince(open->map_start);

@@ -10,6 +10,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -34,6 +35,20 @@ struct Placement {
   uint64_t private_size = 0;
 };
 
+// Import ahead (VMMIPC_PREFETCH=2): the driver handles of a prefetched run's
+// chunks imported before the open, by the fd the open holds for each (held
+// until the open ends, so no number is reused meanwhile). The map step takes
+// them; what it does not take is released when the open ends.
+struct ImportedAhead {
+  std::map<int, uint64_t> by_fd;
+  ImportedAhead() = default;
+  ImportedAhead(const ImportedAhead&) = delete;
+  ImportedAhead& operator=(const ImportedAhead&) = delete;
+  ~ImportedAhead();
+  // The handle imported for `fd` (the caller owns it now); 0: none.
+  uint64_t Take(int fd);
+};
+
 struct Opening {
   // decode
   ledger::Vmm2Handle handle;
@@ -42,6 +57,7 @@ struct Opening {
   uint64_t opened_address = 0;  // the exporter address whose image the open returns
   // fetch
   transport::FetchResult fetched;  // the run, each chunk with its fd
+  ImportedAhead imported;          // prefetch: handles imported ahead, by fd
   int64_t fetch_us = 0;
   // catch up: the run as it will be mapped (generations after the exporter's
   // pauses and resumes during the fetch, paused chunks without an fd)
