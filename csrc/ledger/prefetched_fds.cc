@@ -96,8 +96,13 @@ size_t PrefetchedFds::DropAll(std::vector<PrefetchedChunk>* dropped) {
 
 bool PrefetchedFds::NextToImport(ExporterId* exporter, uint64_t* address, uint64_t* serial,
                                  ScopedFd* fd) {
+  // From the highest address down: opens tend to come in the order the
+  // handles were made (ascending), so the two meet once instead of both
+  // importing the same chunk (the open would, as it never waits).
   for (auto& [id, of] : exporters_)
-    for (auto& [at, chunk] : of.chunks) {
+    for (auto it = of.chunks.rbegin(); it != of.chunks.rend(); ++it) {
+      const uint64_t at = it->first;
+      PrefetchedChunk& chunk = it->second;
       if (chunk.import_tried) continue;
       chunk.import_tried = true;
       ScopedFd copy(::fcntl(chunk.fd.get(), F_DUPFD_CLOEXEC, 0));

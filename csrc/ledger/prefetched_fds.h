@@ -51,8 +51,8 @@ class PrefetchedFds {
   size_t DropExporter(const ExporterId& exporter, std::vector<PrefetchedChunk>* dropped);
   // Drops everything (a forked child's copies); returns how many chunks.
   size_t DropAll(std::vector<PrefetchedChunk>* dropped);
-  // Import ahead: the next kept chunk never picked, now picked, with a dup
-  // of its fd to import; false when there is none.
+  // Import ahead: the next kept chunk never picked (the highest address
+  // first), now picked, with a dup of its fd to import; false when there is none.
   bool NextToImport(ExporterId* exporter, uint64_t* address, uint64_t* serial, ScopedFd* fd);
   // Its import gave `handle`: kept with it when the chunk is still here
   // (same serial); false when it went meanwhile (the caller releases `handle`).

@@ -205,11 +205,11 @@ TEST_F(ImportPrefetch, ImportedAheadTheHandleGoesWithTheFdAndALateImportIsReleas
     ASSERT_TRUE(g_driver.changed.wait_for(lock, std::chrono::seconds(5),
                                           [] { return g_driver.entered == 2; }));
   }
-  // Which chunk was imported first is the table's order: the lower address.
-  std::vector<ledger::PrefetchedChunk> first = Take(100 * kMiB);
+  // The highest address is imported first (ledger/prefetched_fds.h).
+  std::vector<ledger::PrefetchedChunk> first = Take(200 * kMiB);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_NE(first[0].imported, 0u) << "the finished import did not go with the fd";
-  std::vector<ledger::PrefetchedChunk> second = Take(200 * kMiB);
+  std::vector<ledger::PrefetchedChunk> second = Take(100 * kMiB);
   ASSERT_EQ(second.size(), 1u);
   EXPECT_EQ(second[0].imported, 0u) << "an import in progress held up the take";
   {
