@@ -51,27 +51,33 @@ using namespace listener_test;  // NOLINT(build/namespaces): the shared helpers
 class ScriptedServer {
  public:
   using Script = std::function<void(int fd, const wire::RequestPreamble& request)>;
-  ScriptedServer(uint32_t pid, Script script) {
+  // With `connections`, one after the other, each request's flags (bytes
+  // 6..8) added to `*flags` when given.
+  ScriptedServer(uint32_t pid, Script script, int connections = 1,
+                 std::vector<uint16_t>* flags = nullptr) {
     std::string error;
     EXPECT_TRUE(MakeSocketAddress(geteuid(), SocketOwner::Pid(pid), "", &address_, &error));
     listen_fd_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     EXPECT_EQ(bind(listen_fd_.get(), address_.get(), address_.length), 0) << strerror(errno);
     EXPECT_EQ(listen(listen_fd_.get(), 4), 0);
-    thread_ = std::thread([this, script = std::move(script)] {
-      if (!WaitFor(listen_fd_.get(), POLLIN, Deadline::AfterMs(3000)).ok()) return;
-      ScopedFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!conn) return;
-      uint8_t buffer[256];
-      ReceivedMessage m;
-      if (!ReceiveMessage(conn.get(), buffer, &m, Deadline::AfterMs(3000)).ok()) return;
-      wire::RequestPreamble preamble;
-      if (wire::ParseRequestPreamble(std::span<const uint8_t>(buffer, m.length), &preamble) !=
-          wire::WireError::kOk) {
-        return;
+    thread_ = std::thread([this, script = std::move(script), connections, flags] {
+      for (int i = 0; i < connections; ++i) {
+        if (!WaitFor(listen_fd_.get(), POLLIN, Deadline::AfterMs(3000)).ok()) return;
+        ScopedFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!conn) return;
+        uint8_t buffer[256];
+        ReceivedMessage m;
+        if (!ReceiveMessage(conn.get(), buffer, &m, Deadline::AfterMs(3000)).ok()) return;
+        wire::RequestPreamble preamble;
+        if (wire::ParseRequestPreamble(std::span<const uint8_t>(buffer, m.length), &preamble) !=
+            wire::WireError::kOk) {
+          return;
+        }
+        if (flags != nullptr) flags->push_back(static_cast<uint16_t>(buffer[6] | buffer[7] << 8));
+        script(conn.get(), preamble);
+        ReceivedMessage rest;
+        (void)ReceiveMessage(conn.get(), buffer, &rest, Deadline::AfterMs(3000));
       }
-      script(conn.get(), preamble);
-      ReceivedMessage rest;
-      (void)ReceiveMessage(conn.get(), buffer, &rest, Deadline::AfterMs(3000));
     });
   }
   ~ScriptedServer() { thread_.join(); }
@@ -1231,21 +1237,38 @@ TEST_F(TransportListener, InvalidPrefetchedRunsAreRefusedAsInternal) {
 }
 
 // An older exporter does not know the prefetch flag and refuses it as a bad
-// request: a verified refusal (the importer then asks again without it).
-TEST_F(TransportListener, AnOlderExporterRefusesThePrefetchFlagVerifiably) {
+// request (verified, under the handle's key): the client asks again without
+// it, on a new connection, and is served; the result says so.
+TEST_F(TransportListener, AnOlderExporterThatRefusesThePrefetchFlagIsAskedAgainWithout) {
   const uint32_t pid = FakePid();
+  ScopedFd original = Memfd(4);
+  std::vector<uint16_t> flags;
   {
-    ScriptedServer server(pid, [&](int fd, const wire::RequestPreamble& request) {
-      wire::ReplyHeader h;
-      h.status = static_cast<uint16_t>(RefuseReason::kBadRequest);
-      h.batch_count = 1;
-      SendReply(fd, request.nonce, GenuineKey(pid), h, {}, {});
-    });
+    int calls = 0;
+    ScriptedServer server(
+        pid,
+        [&](int fd, const wire::RequestPreamble& request) {
+          if (calls++ == 0) {  // the flag: a bad request to an older vmmipc
+            wire::ReplyHeader h;
+            h.status = static_cast<uint16_t>(RefuseReason::kBadRequest);
+            h.batch_count = 1;
+            SendReply(fd, request.nonce, GenuineKey(pid), h, {}, {});
+            return;
+          }
+          SendReply(fd, request.nonce, GenuineKey(pid), GrantHeader(1), {{kBase, kChunk, 7}},
+                    {original.get()});
+        },
+        2, &flags);
     FetchResult result = FetchChunks(Request(pid), PrefetchClient());
-    EXPECT_EQ(result.status, FetchStatus::kRefused);
-    EXPECT_EQ(result.refuse, RefuseReason::kBadRequest);
-    EXPECT_TRUE(result.verified);
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_TRUE(result.prefetch_refused);
+    EXPECT_EQ(result.chunks.size(), 1u);
+    EXPECT_TRUE(result.prefetched.empty());
   }
+  ASSERT_EQ(flags.size(), 2u);
+  EXPECT_EQ(flags[0], wire::kRequestFlagPrefetch);
+  EXPECT_EQ(flags[1], 0) << "asked again with the flag";
+  original.Reset();
   ExpectNoFdLeak();
 }
 

@@ -100,25 +100,14 @@ CUresult FetchRun(FollowedOpen& followed, Opening* open) {
   const transport::FetchRequest request{FieldsOf(h), h.capability, instance};
   // With follow on, the first open of an exporter's handle keeps its
   // connection for the exporter's pause and resume events.
-  auto fetch = [&] {
-    transport::ClientOptions options{params.socket_dir,
-                                     params.timeout(),
-                                     followed.watch(),
-                                     followed.follower(),
-                                     static_cast<size_t>(params.warm_connections),
-                                     followed.prefetch()};
-    return transport::FetchChunks(request, options);
-  };
-  open->fetched = fetch();
-  // An older vmmipc refuses the prefetch flag as a bad request: asked again
-  // without it, once per exporter (remembered).
-  if (followed.prefetch() && open->fetched.status == transport::FetchStatus::kRefused &&
-      open->fetched.refuse == transport::RefuseReason::kBadRequest && open->fetched.verified) {
-    VMMIPC_LOG_DEBUG("exporter pid {} refused the prefetch flag (an older vmmipc): asking without",
-                     h.pid);
-    followed.PrefetchRefused();
-    open->fetched = fetch();
-  }
+  transport::ClientOptions options{params.socket_dir, params.timeout(), followed.watch(),
+                                   followed.follower(),
+                                   static_cast<size_t>(params.warm_connections)};
+  options.prefetch = followed.prefetch();
+  open->fetched = transport::FetchChunks(request, options);
+  // An older vmmipc refused the prefetch flag (the fetch asked again
+  // without it): never asked with it again.
+  if (open->fetched.prefetch_refused) followed.PrefetchRefused();
   if (open->fetched.status != transport::FetchStatus::kOk) return FetchFailure(open->fetched, h);
   stats::Count(stats::Counter::kFdsReceived, open->fetched.chunks.size());
   if (!RunIsConsistent(open->fetched.chunks, h)) {

@@ -221,7 +221,11 @@ const char* FetchStatusName(FetchStatus status) {
   return "unknown";
 }
 
-FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) try {
+namespace {
+
+// One exchange with the exporter: a kept connection if there is one (once
+// more on a new one when it turns out closed), else a new connection.
+FetchResult FetchOnce(const FetchRequest& request, const ClientOptions& options) try {
   Fetch fetch(request, options);
   if (Ended ended = Address(fetch)) return std::move(*ended);
   if (TakeWarm(fetch)) {
@@ -243,6 +247,26 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   return Fail(FetchStatus::kProtocolError, fmt::format("unexpected error: {}", e.what()));
 } catch (...) {
   return Fail(FetchStatus::kProtocolError, "unexpected error");
+}
+
+}  // namespace
+
+FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) {
+  const auto start = SteadyClock::now();
+  FetchResult result = FetchOnce(request, options);
+  if (!options.prefetch || result.status != FetchStatus::kRefused ||
+      result.refuse != RefuseReason::kBadRequest || !result.verified)
+    return result;
+  // An exporter that does not know the prefetch flag (an older vmmipc)
+  // refuses it as a bad request: asked again without it, within what is
+  // left of the one deadline.
+  ClientOptions plain = options;
+  plain.prefetch = false;
+  plain.timeout =
+      Timeout::Ms(std::max<int64_t>(1, options.timeout.ms() - MicrosSince(start) / 1000));
+  result = FetchOnce(request, plain);
+  result.prefetch_refused = true;
+  return result;
 }
 
 }  // namespace vmmipc::transport

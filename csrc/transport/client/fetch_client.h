@@ -37,8 +37,9 @@ struct ClientOptions {
   // many in all (warm_connections.h); 0: a new connection per fetch.
   size_t warm_connections = 0;
   // Take the other runs the exporter handed out handles for in the reply
-  // (prefetch; requires follower). An older exporter refuses the request
-  // (kRefused, kBadRequest): ask it again without.
+  // (prefetch; requires follower). An exporter that refuses the flag (an
+  // older vmmipc: kBadRequest) is asked again without it, within the same
+  // deadline (FetchResult::prefetch_refused).
   bool prefetch = false;
 };
 
@@ -96,6 +97,9 @@ struct FetchResult {
   int64_t connect_us = 0;
   int64_t answer_us = 0;
   bool warm = false;  // the request went on a kept connection (warm_connections.h)
+  // options.prefetch, and the exporter refused the flag as a bad request (an
+  // older vmmipc): this is the answer to the request sent again without it.
+  bool prefetch_refused = false;
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);
