@@ -7,7 +7,7 @@
 # host's drift falls on all alike:
 #   warm      the default (warm connections)
 #   cold      VMMIPC_WARM_CONNECTIONS=0: a new connection per open
-#   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=1: fds and mappings ahead of the open
+#   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2: fds (and their driver imports) ahead of the open
 # tests/bench/registration_report.py then prints, per (N, K, size), the medians over the rounds
 # and the ratios to legacy and to the floor; and the vmmipc_fetch_bench line of the fetch alone
 # beside a bare round trip (the floor of a fetch on a kept connection).
@@ -75,7 +75,7 @@ run() {
   local mode=()
   case $how in
     cold) mode=(VMMIPC_WARM_CONNECTIONS=0) ;;
-    prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=1) ;;
+    prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2) ;;
   esac
   timeout -k 5 "$left" env "${CLEAN_ENV[@]}" "${mode[@]}" LD_PRELOAD="$LIB" "$BIN" \
     --ranks "$n" --gpus 1 --per-rank-buffers "$BUFFERS" --chunk-size "$SIZES" --floor \

@@ -7,7 +7,7 @@ every peer tensor, read each back, close), ROUNDS registrations in the same proc
 
   legacy    legacy IPC on cudaMalloc memory (expandable_segments:False), no vmmipc: the reference
   vmmipc    legacy IPC on expandable-segment (VMM) memory through vmmipc, its defaults
-  prefetch  the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=1 in both ranks
+  prefetch  the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2 in both ranks
   sglang    SGLang's own VMM path (cuda_vmm_utils.py: POSIX fds over its own sockets, import and
             map at a fresh address), no vmmipc; needs --sglang-src
 
@@ -42,7 +42,7 @@ def lane_run(lane, args, out_dir, rep):
     if lane in ("vmmipc", "prefetch"):
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
     if lane == "prefetch":
-        env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="1")
+        env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="2")
     prefix = os.path.join(out_dir, "%s-rep%d" % (lane, rep))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + rep * 7 + LANES.index(lane)), HARNESS,

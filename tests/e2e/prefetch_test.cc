@@ -72,10 +72,11 @@ class Prefetch : public LoggedPeerTest {
   std::string OpenChecked(PeerProcess& importer, const Buffer& b) {
     const std::string ptr = Value(importer.Call("open " + b.handle));
     EXPECT_FALSE(ptr.empty()) << b.name;
-    if (!ptr.empty())
+    if (!ptr.empty()) {
       EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(kChunk) + " " + std::to_string(b.seed)),
                 "ok")
           << b.name;
+    }
     return ptr;
   }
 
@@ -91,7 +92,9 @@ class Prefetch : public LoggedPeerTest {
   // An open and close of `b` (a fetch that prefetches what it may).
   void OpenClose(PeerProcess& importer, const Buffer& b) {
     const std::string ptr = OpenChecked(importer, b);
-    if (!ptr.empty()) EXPECT_EQ(importer.Call("close " + ptr), "ok");
+    if (!ptr.empty()) {
+      EXPECT_EQ(importer.Call("close " + ptr), "ok");
+    }
   }
 
   static Resources PlusFds(Resources r, int fds) {

@@ -33,7 +33,10 @@ constexpr uint32_t kPid = 4242;
 long ServeMs(ScopedFd server, uint32_t served_uid, int timeout_ms, int* handler_calls) {
   ServeHandler handler = [handler_calls](const ServeRequest&) {
     ++*handler_calls;
-    return ServeReply{RefuseReason::kNotExported, "test", {}};
+    ServeReply reply;
+    reply.refuse = RefuseReason::kNotExported;
+    reply.detail = "test";
+    return reply;
   };
   ServeContext context;
   context.secret = kSecret;
