@@ -46,7 +46,7 @@ CASE_TEXT = {
     "d": "VMM memory, vmmipc, pidfd_getfd refused",
     "e": "cudaMalloc (reference), no vmmipc",
 }
-OPS = ("ucp_get", "ucp_put")
+OPS = ("ucp_get", "ucp_put_bw")  # ucx_perftest's test names (ucp_put alone is refused)
 CHECKS = []
 
 
@@ -81,9 +81,10 @@ def lane_of(text, op):
     verb = "read by ucp_get" if op == "ucp_get" else "write by ucp_put"
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if verb in line and "cuda" in line:
+        if verb in line and "into cuda" in line or verb in line and "to cuda" in line:
             for row in lines[i:i + 12]:
-                m = re.match(r"\|\s*0\.\.inf\s*\|\s*([^|]*)\|\s*([^|]*)\|", row.strip())
+                # UCX prefixes each line with its timestamp and process: search, not match.
+                m = re.search(r"\|\s*0\.\.inf\s*\|\s*([^|]*)\|\s*([^|]*)\|", row)
                 if m:
                     return ("%s %s" % (m.group(1).strip(), m.group(2).strip())).strip()
     return "not shown"
@@ -102,7 +103,12 @@ def final_bandwidth(text):
 
 
 def stats_of(text):
+    """vmmipc's VMMIPC_STATS report in a process's log ("export: none": no handle exported)."""
     out = {}
+    if re.search(r"info:\s+export: none", text):
+        out["handles_exported"] = 0
+    if re.search(r"info:\s+import: none", text):
+        out["handles_opened"] = 0
     for key in ("handles_exported", "requests_served", "handles_opened"):
         m = re.findall(r"%s=(\d+)" % key, text)
         if m:
