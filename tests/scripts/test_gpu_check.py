@@ -107,6 +107,9 @@ else:
             print("SKIPPED: no torch_memory_saver"); sys.exit(77)
         print("SUMMARY memory_saver_check: 4 PASS, 0 FAIL, 1 SKIP")
     elif script == "nixl_client_check.py":
+        if "nixl-budget" in fail:
+            print("CHECK case_a SKIP not run: less than 60 s left")
+            print("SUMMARY nixl_client_check: 0 PASS, 0 FAIL, 5 SKIP"); sys.exit(0)
         print("CHECK case_a_ran PASS\nSUMMARY nixl_client_check: 10 PASS, 0 FAIL, 0 SKIP")
     elif script == "ucx_perftest_check.py":
         print("CHECK case_a_ucp_get_ran PASS\nSUMMARY ucx_perftest_check: 10 PASS, 0 FAIL, 0 SKIP")
@@ -244,6 +247,11 @@ class GpuCheckTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout[-2000:])
         self.assertEqual(rows["nixl check"], ("SKIP", "not run: nixl wheel missing"))
         self.assertEqual(self.calls("nixl_client_check.py"), [])
+
+    def test_a_check_whose_every_case_skipped_is_a_skip(self):
+        result, _, rows = self.check({"FAKE_FAIL": "nixl-budget"})
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:])
+        self.assertEqual(rows["nixl check"], ("SKIP", "0 PASS, 0 FAIL, 5 SKIP; exit 0"))
 
     def test_the_ucx_step_needs_its_wheel(self):
         self.ucx_wheel = os.path.join(self.tmp.name, "no-such-libucx.whl")
