@@ -3,7 +3,8 @@
 // the open of one of their handles needs no round trip (docs/protocol.md,
 // "Prefetch"; docs/security.md says what it widens). Its bounds, and whether
 // it is on; the exporter's half is core/export/serve_prefetch.cc, the
-// importer's core/import/open_prefetched.cc.
+// importer's core/import/import_prefetch.cc (kept, taken, dropped) and
+// core/import/import_ahead.cc (VMMIPC_PREFETCH=2).
 #pragma once
 
 #include <cstddef>
