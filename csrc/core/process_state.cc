@@ -69,13 +69,14 @@ ProcessState* Create() {
 // release after the fork. Taken in this order: the mapping table (the
 // exported-fd cache), the export keep-alive, the listener's watch list, the listener's
 // job queue, the watch client's connections, the importer's warm connections, its prefetched
-// fds. Each is held only to
-// read or write what it guards, never across I/O, a driver call or another lock, so its holder
-// always leaves it, and no thread ever holds two: no order of taking them can deadlock with one.
-// The other locks of the state (the listener's start, the warm-up, placement, the driver's) are
-// held across driver calls or I/O, and the child never touches what they guard. A state created
-// between BeforeFork and the fork has its fork locks untaken; their ParentAfterFork and
-// ChildAfterFork know it.
+// fds. Each is held only to read or write what it guards, never across I/O, a driver call or
+// another lock, so its holder always leaves it, and no thread ever holds two: no order of taking
+// them can deadlock with one. (The prefetched fds' lock is taken inside the import table's lock,
+// which is no fork lock and which no forking thread holds: the fork still waits only for a
+// holder that is about to leave.) The other locks of the state (the listener's start, the warm-up,
+// placement, the driver's) are held across driver calls or I/O, and the child never touches what
+// they guard. A state created between BeforeFork and the fork has its fork locks untaken; their
+// ParentAfterFork and ChildAfterFork know it.
 void BeforeFork() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
