@@ -96,6 +96,15 @@ void SealWatchRecord(std::array<uint8_t, kSize>& record, std::span<const uint8_t
   Put64(record.data() + kSize - 8, RecordMac(key, tag, nonce, record));
 }
 
+// The fields every event has, at 0..40 (the header, base, size, generation);
+// an announcement's handle follows them.
+void PutEventFields(uint8_t* p, const Event& event) {
+  PutWatchHeader(p, kEventMagic, static_cast<uint16_t>(event.kind), event.sequence);
+  Put64(p + 16, event.base);
+  Put64(p + 24, event.size);
+  Put64(p + 32, event.generation);
+}
+
 }  // namespace
 
 uint64_t Capability(const SipKey& secret, const HandleFields& f) {
@@ -197,9 +206,13 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   const uint8_t* p = message.data();
   // A watch request names the follower its connection is kept for, and a
   // prefetch request the follower its extra runs are recorded for.
-  const bool needs_follower = (Get16(p + 6) & (kRequestFlagWatch | kRequestFlagPrefetch)) != 0;
-  if ((Get16(p + 6) & ~kKnownRequestFlags) != 0 || Get16(p + 70) != 0 ||
-      (needs_follower && Get32(p + 12) == 0))
+  // Announcements go on the watch connection: without one, none is asked.
+  const uint16_t flags = Get16(p + 6);
+  const bool needs_follower = (flags & (kRequestFlagWatch | kRequestFlagPrefetch)) != 0;
+  const bool announce_alone =
+      (flags & kRequestFlagAnnounce) != 0 && (flags & kRequestFlagWatch) == 0;
+  if ((flags & ~kKnownRequestFlags) != 0 || Get16(p + 70) != 0 ||
+      (needs_follower && Get32(p + 12) == 0) || announce_alone)
     return WireError::kBadReserved;
   PeekRequestFields(message, out);
   return WireError::kOk;
@@ -300,28 +313,36 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
 std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& nonce,
                                             const SipKey& key) {
   std::array<uint8_t, kEventSize> out{};
-  uint8_t* p = out.data();
-  PutWatchHeader(p, kEventMagic, static_cast<uint16_t>(event.kind), event.sequence);
-  Put64(p + 16, event.base);
-  Put64(p + 24, event.size);
-  Put64(p + 32, event.generation);
+  PutEventFields(out.data(), event);
+  SealWatchRecord(out, kEventTag, nonce, key);
+  return out;
+}
+
+std::array<uint8_t, kAnnounceEventSize> EncodeAnnounce(const Event& event, const Nonce& nonce,
+                                                       const SipKey& key) {
+  std::array<uint8_t, kAnnounceEventSize> out{};
+  PutEventFields(out.data(), event);
+  std::copy(event.handle.begin(), event.handle.end(), out.data() + 40);
   SealWatchRecord(out, kEventTag, nonce, key);
   return out;
 }
 
 WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                      Event* out) {
-  if (WireError e = CheckWatchRecord(message, kEventMagic, kEventSize, kEventTag, nonce, key);
+  // The size picks the layout (and where the MAC is); the kind must agree.
+  const size_t size = message.size() == kAnnounceEventSize ? kAnnounceEventSize : kEventSize;
+  if (WireError e = CheckWatchRecord(message, kEventMagic, size, kEventTag, nonce, key);
       e != WireError::kOk)
     return e;
   const uint8_t* p = message.data();
   const uint16_t kind = Get16(p + 6);
-  if (kind != static_cast<uint16_t>(EventKind::kPause) &&
-      kind != static_cast<uint16_t>(EventKind::kResume) &&
-      kind != static_cast<uint16_t>(EventKind::kUnfollowed))
+  if (kind < static_cast<uint16_t>(EventKind::kPause) ||
+      kind > static_cast<uint16_t>(EventKind::kAnnounce))
     return WireError::kBadLayout;
   Event event;
   event.kind = static_cast<EventKind>(kind);
+  if ((event.kind == EventKind::kAnnounce) != (size == kAnnounceEventSize))
+    return WireError::kBadLength;  // an announcement without its handle, or an event with one
   event.sequence = Get32(p + 8);
   event.base = Get64(p + 16);
   event.size = Get64(p + 24);
@@ -333,6 +354,8 @@ WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const
   } else if (event.size == 0 || event.base + event.size < event.base) {
     return WireError::kBadLayout;
   }
+  if (event.kind == EventKind::kAnnounce)
+    std::copy(p + 40, p + 40 + kAnnouncedHandleSize, event.handle.begin());
   *out = event;
   return WireError::kOk;
 }
@@ -343,8 +366,8 @@ void ResealReplyForTesting(std::span<uint8_t> message, const Nonce& nonce, const
 }
 
 void ResealEventForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key) {
-  if (message.size() != kEventSize) return;
-  Put64(message.data() + kEventSize - 8, RecordMac(key, kEventTag, nonce, message));
+  if (message.size() != kEventSize && message.size() != kAnnounceEventSize) return;
+  Put64(message.data() + message.size() - 8, RecordMac(key, kEventTag, nonce, message));
 }
 
 std::array<uint8_t, kAckSize> EncodeAck(const Ack& ack, const Nonce& nonce, const SipKey& key) {

@@ -29,7 +29,14 @@ inline constexpr uint16_t kRequestFlagWatch = 1;
 // a follower id: the exporter records them as granted to it, and tells it
 // when it unmaps them. An older exporter refuses the bit (kBadRequest).
 inline constexpr uint16_t kRequestFlagPrefetch = 2;
-inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch | kRequestFlagPrefetch;
+// kRequestFlagAnnounce: on a watch request only (alone, the request is
+// malformed), the importer asks to be told on the watch connection of every
+// handle the exporter hands out from then on (kAnnounce events; docs/
+// protocol.md, "Announcements"). An older exporter refuses the bit
+// (kBadRequest).
+inline constexpr uint16_t kRequestFlagAnnounce = 4;
+inline constexpr uint16_t kKnownRequestFlags =
+    kRequestFlagWatch | kRequestFlagPrefetch | kRequestFlagAnnounce;
 
 // The request's first 32 bytes (magic, version, flags, pid, reserved, nonce)
 // keep their layout in every version, so that a server can answer a request
@@ -168,6 +175,11 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
 // nonce, and numbered: a record of another connection, or replayed, fails.
 inline constexpr size_t kEventSize = 48;
 inline constexpr size_t kAckSize = 24;
+// A kAnnounce event carries the 64-byte handle the exporter handed out
+// (transport knows no handle codec: core static_asserts the size), between
+// the generation and the MAC.
+inline constexpr size_t kAnnouncedHandleSize = 64;
+inline constexpr size_t kAnnounceEventSize = kEventSize + kAnnouncedHandleSize;
 
 enum class EventKind : uint16_t {
   kPause = 1,   // the exporter unmaps the chunk: drop your mapping of it
@@ -176,6 +188,12 @@ enum class EventKind : uint16_t {
   // backlog holds): drop every mapping of this exporter's memory, which
   // would go stale. Base, size and generation are 0. The last event.
   kUnfollowed = 3,
+  // The exporter handed out a handle of the chunk (only to an importer whose
+  // watch request had kRequestFlagAnnounce); its bytes ride along (a record
+  // of kAnnounceEventSize). The importer acks it at once: kDone, or kNotHeld
+  // when it ignores it. An optimisation only: one that is lost (never sent)
+  // costs nothing but the speed of a later open.
+  kAnnounce = 4,
 };
 
 struct Event {
@@ -184,6 +202,7 @@ struct Event {
   uint64_t base = 0;        // the chunk's base in the exporter
   uint64_t size = 0;        // its size (for kResume: of the new memory)
   uint32_t generation = 0;  // kPause: the generation unmapped; kResume: the new one
+  std::array<uint8_t, kAnnouncedHandleSize> handle{};  // kAnnounce only: the handle handed out
 };
 
 enum class AckStatus : uint16_t {
@@ -197,12 +216,20 @@ struct Ack {
   AckStatus status = AckStatus::kDone;
 };
 
+// A pause, resume or unfollowed event (kEventSize).
 std::array<uint8_t, kEventSize> EncodeEvent(const Event& event, const Nonce& nonce,
                                             const SipKey& key);
+// A kAnnounce event: EncodeEvent's header, sequence and fields, then the
+// handle, MAC'd the same way over all of it.
+std::array<uint8_t, kAnnounceEventSize> EncodeAnnounce(const Event& event, const Nonce& nonce,
+                                                       const SipKey& key);
+// Either layout: kEventSize with kind pause, resume or unfollowed, or
+// kAnnounceEventSize with kind kAnnounce; a kind in the other's size is
+// kBadLength (after the MAC), an unknown kind kBadLayout.
 WireError ParseEvent(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
                      Event* out);
-// For tests that edit a field of an encoded reply or event: its MAC made
-// again over the bytes as they are now.
+// For tests that edit a field of an encoded reply or event (of either
+// size): its MAC made again over the bytes as they are now.
 void ResealReplyForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key);
 void ResealEventForTesting(std::span<uint8_t> message, const Nonce& nonce, const SipKey& key);
 

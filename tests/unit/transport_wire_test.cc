@@ -2,6 +2,7 @@
 // and each malformed case the parsers must reject.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>
@@ -405,7 +406,7 @@ TEST(TransportWire, EventAndAckMalformed) {
   EXPECT_EQ(ParseEvent(std::span(good).first(20), SampleNonce(), kKey, &event),
             WireError::kBadLength);
   Event bad_kind = SampleEvent();
-  bad_kind.kind = static_cast<EventKind>(4);
+  bad_kind.kind = static_cast<EventKind>(5);
   EXPECT_EQ(ParseEvent(EncodeEvent(bad_kind, SampleNonce(), kKey), SampleNonce(), kKey, &event),
             WireError::kBadLayout);
   Event empty = SampleEvent();
@@ -497,9 +498,131 @@ TEST(TransportWire, PrefetchFlagNeedsAFollower) {
   EXPECT_EQ(out.follower, 9u);
   r.follower = 0;
   EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved);
-  r.flags = 4;  // no such flag
+  r.flags = 8;  // no such flag
   r.follower = 9;
   EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved);
+}
+
+Event SampleAnnounce() {
+  Event e = SampleEvent();
+  e.kind = EventKind::kAnnounce;
+  for (size_t i = 0; i < e.handle.size(); ++i) e.handle[i] = static_cast<uint8_t>(0x40 + i);
+  return e;
+}
+
+// Announcements (issue 37): the announce flag asks for them on a watch
+// request, and means nothing (a malformed request) without one.
+TEST(TransportWire, TheAnnounceFlagGoesOnlyWithTheWatchFlag) {
+  Request r = SampleRequest();
+  r.follower = 9;
+  Request out;
+  for (const int flags : {kRequestFlagWatch | kRequestFlagAnnounce,
+                          kRequestFlagWatch | kRequestFlagPrefetch | kRequestFlagAnnounce}) {
+    r.flags = static_cast<uint16_t>(flags);
+    ASSERT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk) << flags;
+    EXPECT_EQ(out.flags, flags);
+  }
+  for (const int flags : {kRequestFlagAnnounce | 0, kRequestFlagPrefetch | kRequestFlagAnnounce}) {
+    r.flags = static_cast<uint16_t>(flags);
+    EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved) << flags;
+  }
+}
+
+// A kAnnounce event is an event's 40 bytes, the 64-byte handle, the MAC over
+// all 104 before it.
+TEST(TransportWire, AnAnnounceEventRoundTripsWithItsHandle) {
+  static_assert(kAnnounceEventSize == 112);
+  const auto bytes = EncodeAnnounce(SampleAnnounce(), SampleNonce(), kKey);
+  ASSERT_EQ(bytes.size(), kAnnounceEventSize);
+  const auto plain = EncodeEvent(SampleEvent(), SampleNonce(), kKey);
+  // The same header and fields as a plain event's (but the kind).
+  EXPECT_TRUE(std::equal(bytes.begin() + 8, bytes.begin() + 40, plain.begin() + 8));
+  EXPECT_EQ(bytes[6], 4);
+  EXPECT_EQ(bytes[40], 0x40);
+  EXPECT_EQ(bytes[103], 0x40 + 63);
+  Event event;
+  ASSERT_EQ(ParseEvent(bytes, SampleNonce(), kKey, &event), WireError::kOk);
+  EXPECT_EQ(event.kind, EventKind::kAnnounce);
+  EXPECT_EQ(event.sequence, 7u);
+  EXPECT_EQ(event.base, 0x200000400000ULL);
+  EXPECT_EQ(event.size, 0x200000u);
+  EXPECT_EQ(event.generation, 0x80000005u);
+  EXPECT_EQ(event.handle, SampleAnnounce().handle);
+  // A plain event parses with no handle.
+  ASSERT_EQ(ParseEvent(plain, SampleNonce(), kKey, &event), WireError::kOk);
+  EXPECT_EQ(event.handle, (std::array<uint8_t, kAnnouncedHandleSize>{}));
+}
+
+// Each layout carries only its own kinds, every byte of an announcement is
+// MAC'd, and what an event may not say an announcement may not either.
+TEST(TransportWire, AnAnnounceEventMalformed) {
+  const auto good = EncodeAnnounce(SampleAnnounce(), SampleNonce(), kKey);
+  Event event;
+  Nonce other = SampleNonce();
+  other[0] ^= 1;
+  EXPECT_EQ(ParseEvent(good, other, kKey, &event), WireError::kBadMac);
+  EXPECT_EQ(ParseEvent(good, SampleNonce(), DeriveKey(1, 4321), &event), WireError::kBadMac);
+  for (size_t i = 8; i < kAnnounceEventSize; ++i) {
+    auto edited = good;
+    edited[i] ^= 0x10;
+    EXPECT_EQ(ParseEvent(edited, SampleNonce(), kKey, &event), WireError::kBadMac) << "byte " << i;
+  }
+  // Neither size but the two.
+  EXPECT_EQ(ParseEvent(std::span(good).first(kAnnounceEventSize - 1), SampleNonce(), kKey, &event),
+            WireError::kBadLength);
+  std::vector<uint8_t> longer(good.begin(), good.end());
+  longer.push_back(0);
+  EXPECT_EQ(ParseEvent(longer, SampleNonce(), kKey, &event), WireError::kBadLength);
+  // An announcement in the short layout (no handle), a pause in the long one.
+  EXPECT_EQ(
+      ParseEvent(EncodeEvent(SampleAnnounce(), SampleNonce(), kKey), SampleNonce(), kKey, &event),
+      WireError::kBadLength);
+  for (EventKind kind : {EventKind::kPause, EventKind::kResume}) {
+    Event long_one = SampleEvent();
+    long_one.kind = kind;
+    EXPECT_EQ(
+        ParseEvent(EncodeAnnounce(long_one, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+        WireError::kBadLength);
+  }
+  Event unfollowed;
+  unfollowed.kind = EventKind::kUnfollowed;
+  EXPECT_EQ(
+      ParseEvent(EncodeAnnounce(unfollowed, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+      WireError::kBadLength);
+  // Unknown kinds, in either layout.
+  for (const int kind : {0, 5, 0xffff}) {
+    Event unknown = SampleAnnounce();
+    unknown.kind = static_cast<EventKind>(kind);
+    EXPECT_EQ(ParseEvent(EncodeAnnounce(unknown, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+              WireError::kBadLayout)
+        << kind;
+    EXPECT_EQ(ParseEvent(EncodeEvent(unknown, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+              WireError::kBadLayout)
+        << kind;
+  }
+  // Its chunk: not empty, not wrapping, a 32-bit generation (resealed edits).
+  Event empty = SampleAnnounce();
+  empty.size = 0;
+  EXPECT_EQ(ParseEvent(EncodeAnnounce(empty, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+            WireError::kBadLayout);
+  Event wraps = SampleAnnounce();
+  wraps.base = ~uint64_t{0} - 0x1000;
+  EXPECT_EQ(ParseEvent(EncodeAnnounce(wraps, SampleNonce(), kKey), SampleNonce(), kKey, &event),
+            WireError::kBadLayout);
+  auto wide = good;
+  wide[32 + 4] = 1;  // the generation's bit 32
+  ResealEventForTesting(wide, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(wide, SampleNonce(), kKey, &event), WireError::kBadLayout);
+  wide[32 + 4] = 0;
+  wide[12] = 1;  // reserved
+  ResealEventForTesting(wide, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(wide, SampleNonce(), kKey, &event), WireError::kBadReserved);
+  wide[12] = 0;
+  ResealEventForTesting(wide, SampleNonce(), kKey);
+  EXPECT_EQ(ParseEvent(wide, SampleNonce(), kKey, &event), WireError::kOk);
+  // An ack is no announcement, nor the other way round.
+  Ack ack;
+  EXPECT_EQ(ParseAck(good, SampleNonce(), kKey, &ack), WireError::kBadMagic);
 }
 
 }  // namespace
