@@ -311,7 +311,8 @@ TEST(CoreForkLocks, TheChildClosesTheWatchListWhileAnotherThreadHoldsIt) {
     importer_ends.emplace_back(sv[0]);
     exporter_ends.push_back(SocketTarget(sv[1]));
     // Reserve looks for hung-up watchers under the list's lock (the hold point).
-    transport::Watchers::Reservation watcher = watchers.Reserve(++follower, 4321, {1, 2}, {});
+    transport::Watchers::Reservation watcher =
+        watchers.Reserve(++follower, 4321, {1, 2}, {}, false);
     ASSERT_NE(watcher, nullptr);
     watchers.Activate(watcher, ScopedFd(sv[1]));
   };

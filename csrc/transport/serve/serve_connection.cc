@@ -223,6 +223,7 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   out->request.follower = request.follower;
   out->request.prefetch = (request.flags & wire::kRequestFlagPrefetch) != 0;
+  out->request.announce = (request.flags & wire::kRequestFlagAnnounce) != 0;
   out->kept = c.kept;
   return ReadOutcome::kReady;
 }
@@ -337,8 +338,9 @@ bool PrepareReply(PendingRequest& request, const ServeContext& context,
     // The watcher first, so that a pause after the grant is told (watchers.h).
     if (request.request.watch && context.watchers != nullptr) {
       std::string refused;
-      request.watcher = context.watchers->Reserve(request.request.follower, request.peer.pid,
-                                                  request.key, request.nonce, &refused);
+      request.watcher =
+          context.watchers->Reserve(request.request.follower, request.peer.pid, request.key,
+                                    request.nonce, request.request.announce, &refused);
       if (!request.watcher && MayLog(context.name))
         VMMIPC_LOG_WARN(
             "listener {}: importer {} asked to follow this process, but {}: it is answered "

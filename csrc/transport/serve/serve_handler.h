@@ -25,6 +25,7 @@ struct ServeRequest {
   bool watch = false;       // the importer asks to keep the connection for events
   uint32_t follower = 0;    // the importer's follower id (follow), 0 if it does not follow
   bool prefetch = false;    // the importer takes other handed-out runs in the reply (prefetch)
+  bool announce = false;    // with watch: the importer asks to be sent announcements
 };
 
 struct ServeReply {

@@ -219,6 +219,11 @@ NotifyResult Listener::Notify(const std::vector<WatchNotice>& notices, Timeout t
   return impl_->watchers.Notify(notices, timeout.ms(), impl_->stop_fd.get());
 }
 
+size_t Listener::Announce(const WatchAnnounce& announce) noexcept {
+  if (!impl_ || impl_->context.watchers == nullptr) return 0;
+  return impl_->watchers.Announce(announce);
+}
+
 void Listener::PrepareFork() noexcept {
   if (!impl_) return;
   impl_->watchers.PrepareFork();

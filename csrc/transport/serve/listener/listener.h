@@ -57,6 +57,10 @@ class Listener {
   // Sends events to the importers that watch this process and waits for
   // their acks, at most `timeout` (watchers.h). Empty result without watchers.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, Timeout timeout);
+  // Tells the importers that asked for announcements that `announce`'s
+  // handle was handed out; never waits (Watchers::Announce). How many were
+  // sent it; 0 without watchers.
+  size_t Announce(const WatchAnnounce& announce) noexcept;
 
  private:
   explicit Listener(std::unique_ptr<ListenerImpl> impl);

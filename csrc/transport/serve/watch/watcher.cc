@@ -28,10 +28,15 @@ bool Watcher::Send(const wire::Event& event, int event_fd, int notice, const Dea
                    int stop_fd, bool* would_block) {
   wire::Event numbered = event;
   numbered.sequence = sequence + 1;
-  const auto bytes = wire::EncodeEvent(numbered, nonce, key);
   const int fds[1] = {event_fd};
-  const IoResult io = SendMessage(fd.get(), bytes, std::span<const int>(fds, event_fd >= 0 ? 1 : 0),
-                                  deadline, stop_fd);
+  auto send = [&](std::span<const uint8_t> record) {
+    return SendMessage(fd.get(), record, std::span<const int>(fds, event_fd >= 0 ? 1 : 0), deadline,
+                       stop_fd);
+  };
+  // An announcement has its own, longer layout (the handle rides along).
+  const IoResult io = event.kind == wire::EventKind::kAnnounce
+                          ? send(wire::EncodeAnnounce(numbered, nonce, key))
+                          : send(wire::EncodeEvent(numbered, nonce, key));
   *would_block = io.status == IoStatus::kTimeout || io.status == IoStatus::kStopped;
   if (io.ok()) {
     sequence = numbered.sequence;
@@ -46,9 +51,9 @@ bool Watcher::Send(const wire::Event& event, int event_fd, int notice, const Dea
   return false;
 }
 
-bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done) {
+bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks) {
   std::vector<uint8_t> buffer(wire::kAckSize + 1);
-  for (;;) {
+  for (size_t taken = 0; taken < max_acks; ++taken) {
     // Looked at before it is taken: a watcher has no business sending fds,
     // and one that does is closed through the reaper with them queued.
     PeekedMessage peeked;
@@ -78,6 +83,7 @@ bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done) {
     if (notice >= 0 && ack.status == wire::AckStatus::kDone && done != nullptr)
       (*done)[static_cast<size_t>(notice)].push_back(follower);
   }
+  return true;  // the rest stays queued for the next reader
 }
 
 bool Watcher::Answered() const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -24,23 +25,26 @@ class Watcher {
  public:
   enum class State { kReplying, kActive, kGone };
 
-  Watcher(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce)
-      : follower(follower), pid(pid), key(key), nonce(nonce) {}
+  Watcher(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce,
+          bool announce)
+      : follower(follower), pid(pid), key(key), nonce(nonce), announce(announce) {}
   Watcher(const Watcher&) = delete;
   Watcher& operator=(const Watcher&) = delete;
   // The last holder closes the connection, through the reaper if the peer
   // left anything queued.
   ~Watcher();
 
-  // Sends `event` (numbered next) with `fd` if valid; `notice` is its index
-  // in the current Notify (-1 for none). False when the watcher must go; a
-  // full connection or a stop is *would_block, not a failure.
+  // Sends `event` (numbered next; a kAnnounce in its longer layout) with
+  // `fd` if valid; `notice` is its index in the current Notify (-1 for
+  // none). Waits for room until `deadline` (one already due: never). False
+  // when the watcher must go; a full connection or a stop is *would_block,
+  // not a failure (nothing was sent, the sequence is unchanged).
   bool Send(const wire::Event& event, int fd, int notice, const Deadline& deadline, int stop_fd,
             bool* would_block);
-  // Reads every ack queued now without waiting; false when the watcher must
-  // go (out of protocol, or the importer left). The follower is added to
-  // (*done)[notice] for each current notice acked kDone.
-  bool ReadAcks(std::vector<std::vector<uint32_t>>* done);
+  // Reads every ack queued now (at most `max_acks`) without waiting; false
+  // when the watcher must go (out of protocol, or the importer left). The
+  // follower is added to (*done)[notice] for each current notice acked kDone.
+  bool ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks = SIZE_MAX);
   // Whether a lagging follower has acked every event sent before it lagged.
   bool Answered() const;
   // Whether the importer hung up (or the socket is in error): never waits.
@@ -54,6 +58,7 @@ class Watcher {
   const uint32_t pid;  // for log lines only: holders are followers, never pids
   const SipKey key;
   const wire::Nonce nonce;
+  const bool announce;  // its watch request asked for announcements (kRequestFlagAnnounce)
   std::atomic<State> state{State::kReplying};  // written under Watchers' list_mutex_
   std::atomic<bool> dead{false};
   std::atomic<bool> lagging{false};  // written under Watchers' notify_mutex_

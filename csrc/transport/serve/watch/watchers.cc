@@ -23,8 +23,9 @@ constexpr short kHangUp = POLLHUP | POLLERR | POLLRDHUP | POLLNVAL;
 }  // namespace
 
 Watchers::Reservation Watchers::Reserve(uint32_t follower, uint32_t pid, const SipKey& key,
-                                        const wire::Nonce& nonce, std::string* refused) {
-  auto watcher = std::make_shared<Watcher>(follower, pid, key, nonce);
+                                        const wire::Nonce& nonce, bool announce,
+                                        std::string* refused) {
+  auto watcher = std::make_shared<Watcher>(follower, pid, key, nonce, announce);
   std::vector<std::shared_ptr<Watcher>> gone;  // closed after the lock (or by a Notify using one)
   std::lock_guard<ForkMutex> lock(list_mutex_);
   // Importers that exited since, and the follower's earlier connection (one
@@ -112,6 +113,14 @@ size_t Watchers::count() const {
   return list_.size();
 }
 
+size_t Watchers::UnackedForTesting() {
+  std::lock_guard<std::mutex> notifying(notify_mutex_);
+  std::lock_guard<ForkMutex> lock(list_mutex_);
+  size_t unacked = 0;
+  for (const auto& watcher : list_) unacked += watcher->outstanding.size();
+  return unacked;
+}
+
 size_t Watchers::lagging_count() const {
   std::lock_guard<ForkMutex> lock(list_mutex_);
   return static_cast<size_t>(
@@ -126,12 +135,13 @@ bool Watchers::PollFds(std::vector<pollfd>* fds) {
   if (!notifying.owns_lock()) return false;  // a Notify runs: it catches up whom it can
   for (const auto& watcher : list_) {
     if (watcher->dead || watcher->state != Watcher::State::kActive) continue;
-    // Only its hang-up, unless it lags: the late ack of an event whose wait
-    // timed out may sit unread until the next Notify, and would wake the
-    // thread at once, again and again.
+    // Its hang-up; its acks only while it has events unacked (its
+    // announcements', or a lagging follower's, when it runs again), which
+    // Maintain then reads: an ack of nothing outstanding (a late one) would
+    // otherwise wake the thread at once, again and again.
     short events = POLLRDHUP;
+    if (watcher->lagging || !watcher->outstanding.empty()) events |= POLLIN;
     if (watcher->lagging) {
-      events |= POLLIN;  // its acks, when it runs again
       if (watcher->Answered() &&
           (watcher->overflowed ||
            std::any_of(watcher->backlog.begin(), watcher->backlog.end(),
@@ -152,17 +162,30 @@ void Watchers::Maintain(std::span<const pollfd> polled) {
     std::lock_guard<ForkMutex> lock(list_mutex_);
     watched.swap(polled_);
   }
-  for (size_t i = 0; i < std::min(polled.size(), watched.size()); ++i)
-    if ((polled[i].revents & kHangUp) != 0) Drop(watched[i]);
+  // The others that were sent acks: read below (announcements' acks come
+  // when no Notify runs: unread, they would fill the exporter's queue).
+  std::vector<std::shared_ptr<Watcher>> answered;
+  for (size_t i = 0; i < std::min(polled.size(), watched.size()); ++i) {
+    if ((polled[i].revents & kHangUp) != 0)
+      Drop(watched[i]);
+    else if ((polled[i].revents & POLLIN) != 0)
+      answered.push_back(watched[i]);
+  }
   std::vector<std::shared_ptr<Watcher>> lagging;
   {
     std::lock_guard<ForkMutex> lock(list_mutex_);
     for (const auto& watcher : list_)
       if (watcher->lagging) lagging.push_back(watcher);
   }
-  if (lagging.empty()) return;
+  if (lagging.empty() && answered.empty()) return;
+  // Another talks to the watchers: a Notify (which reads the acks and
+  // catches up whom it can) or an Announce; the next turn does the rest.
   std::unique_lock<std::mutex> notifying(notify_mutex_, std::try_to_lock);
-  if (!notifying.owns_lock()) return;  // a Notify runs: it catches up whom it can
+  if (!notifying.owns_lock()) return;
+  for (const auto& watcher : answered) {
+    if (watcher->dead || watcher->lagging || watcher->state != Watcher::State::kActive) continue;
+    if (!watcher->ReadAcks(nullptr)) Drop(watcher);
+  }
   for (const auto& watcher : lagging) {
     if (watcher->dead || watcher->state != Watcher::State::kActive) continue;
     if (watcher->HungUp() || !watcher->ReadAcks(nullptr)) {

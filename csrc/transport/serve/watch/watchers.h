@@ -34,10 +34,30 @@
 //    or answers each event just after its deadline (which before cleared
 //    its lag at the next Notify, and cost the timeout again, per allocation).
 //
-// Threads: Reserve/Activate/Cancel run on the listener's threads, Notify on
-// the thread that unmaps or maps (the application's), Maintain on the
-// listener's poll thread. One Notify or Maintain at a time talks to the
-// watchers (notify_mutex_; Maintain only tries it); the list is guarded by
+// Announcements (docs/protocol.md, "Announcements"): when the application
+// hands out a handle (cuIpcGetMemHandle, on its own thread), Announce tells
+// the watchers whose request asked (kRequestFlagAnnounce). It never waits,
+// and a lost announcement costs only speed, so:
+//  - Announce and a Notify (or a catch-up, Maintain, PollFds): both take
+//    notify_mutex_, Announce only by a try-lock; if anything else holds it,
+//    the announcement is not sent (0). So the two are never interleaved on
+//    a connection: every event on it is numbered in the order it was sent.
+//  - Announce and a watcher still replying, or lagging, or past
+//    kMaxUnackedForAnnounce unacked events: it is skipped. An announcement
+//    is never folded into a backlog, never waited for, never caught up.
+//  - Announce and a full connection: the send does not wait (a deadline
+//    already due); that watcher is skipped. One whose send fails (its
+//    importer left) is dropped, as a Notify drops it.
+//  - Announce and Maintain: the acks of announcements are read by Maintain
+//    (PollFds waits for POLLIN on every watcher with unacked events), so
+//    that an importer that acks every announcement never finds the
+//    exporter's receive queue full, even when no Notify ever runs.
+//
+// Threads: Reserve/Activate/Cancel run on the listener's threads, Notify
+// and Announce on the application's (the thread that unmaps or maps, or
+// hands out a handle), Maintain on the listener's poll thread. One Notify,
+// Announce or Maintain at a time talks to the watchers (notify_mutex_;
+// Announce and Maintain only try it); the list is guarded by
 // list_mutex_, held only to add, remove or copy entries, never across I/O
 // (a poll() that does not wait, to find hung-up entries, aside). Entries are
 // shared_ptrs so that a Notify in progress keeps its own. list_mutex_ is a
@@ -48,6 +68,7 @@
 
 #include <poll.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -80,6 +101,15 @@ struct WatchNotice {
   std::vector<uint32_t> followers;  // the follower ids it is for
 };
 
+// The exporter handed out `handle` for the chunk at `base` (an
+// announcement: Watchers::Announce).
+struct WatchAnnounce {
+  uint64_t base = 0;  // the chunk's base in this (the exporter's) process
+  uint64_t size = 0;
+  uint32_t generation = 0;
+  std::array<uint8_t, wire::kAnnouncedHandleSize> handle{};
+};
+
 struct NotifyResult {
   std::vector<std::vector<uint32_t>> done;  // per notice: the followers that answered kDone
   // Followers that hold the chunks but were not waited for: lagging, they
@@ -106,6 +136,13 @@ class Watchers {
   static constexpr size_t kMaxBacklog = 1 << 20;
   // Tests lower the bound.
   void SetMaxBacklogForTesting(size_t max) { max_backlog_ = max; }
+  // A watcher with this many events unacked is sent no announcement: an
+  // importer that stops reading costs the exporter at most this many
+  // entries per watcher. Counts every unacked event (between Notifies a
+  // watcher that does not lag has none but its announcements').
+  static constexpr size_t kMaxUnackedForAnnounce = 256;
+  // Tests lower the bound.
+  void SetMaxUnackedForAnnounceForTesting(size_t max) { max_unacked_for_announce_ = max; }
   // Tests: the current burst is over now, as it is a timeout after its last
   // Notify (a hold point instead of that wait).
   void EndBurstForTesting() {
@@ -132,9 +169,9 @@ class Watchers {
   // has kMaxWatchersPerProcess already, or the follower id is another
   // process's watch (never replaced: a follower id is bound to the process
   // that first watched with it). `key` and `nonce` (the request's) MAC every
-  // event.
+  // event; `announce`: the request asked for announcements.
   Reservation Reserve(uint32_t follower, uint32_t pid, const SipKey& key, const wire::Nonce& nonce,
-                      std::string* refused = nullptr);
+                      bool announce, std::string* refused = nullptr);
   // The reply went out: `fd` is the watch connection from now on.
   void Activate(const Reservation& watcher, ScopedFd fd);
   // The reply did not go out: the watcher goes (the caller closes the connection).
@@ -146,17 +183,27 @@ class Watchers {
   // Watchers that hung up, or answered out of protocol, are dropped.
   NotifyResult Notify(const std::vector<WatchNotice>& notices, int timeout_ms, int stop_fd);
 
+  // Sends `announce` as a kAnnounce event to every watcher that asked for
+  // announcements, is active, does not lag and has fewer than
+  // kMaxUnackedForAnnounce events unacked; returns how many it was sent to.
+  // Never waits (see the order of events above): 0 when a Notify, a
+  // catch-up or Maintain talks to the watchers now; a full connection is
+  // skipped. Its acks are read by Maintain or the next Notify.
+  size_t Announce(const WatchAnnounce& announce) noexcept;
+
   // After the listener's poll: the watch connections whose importer hung up
   // (`polled`: what PollFds added, with the poll's revents) are dropped, and
-  // closed; lagging followers that have acked everything sent before they
+  // closed; the acks that came on the others are read (an announcement's,
+  // or a late one); lagging followers that have acked everything sent before they
   // lagged get their catch-up events, as many as their connection takes now;
   // those that hung up are dropped. Never waits: the catch-up is left for
   // later when a Notify runs. Cheap when none is lagging.
   void Maintain(std::span<const pollfd> polled = {});
   // The listener's poll thread waits on these too: every watch connection,
   // for its hang-up (an importer that exits must not leave its connection
-  // here until some later request: nothing else would look), and those of
-  // lagging followers also for their acks and room for their catch-up, so
+  // here until some later request: nothing else would look), those with
+  // events unacked (announcements, or a lagging follower's) also for their
+  // acks, and those of lagging followers for room for their catch-up, so
   // that Maintain runs when one answers or takes more. False, adding
   // nothing, when a Notify runs (the poll period brings the thread back).
   // Only the poll thread calls it, then Maintain with what it added.
@@ -164,6 +211,9 @@ class Watchers {
 
   size_t count() const;
   size_t lagging_count() const;
+  // Tests: the events sent and not acked yet, over every watcher (waits for
+  // a Notify in progress).
+  size_t UnackedForTesting();
 
   // The fork handlers' (core/process_state.cc): before a fork, takes the
   // list's lock (waiting for its holder); after it, releases it in the parent.
@@ -211,6 +261,7 @@ class Watchers {
   std::vector<std::shared_ptr<Watcher>> list_;
   ResumeFdSource resume_fd_;
   size_t max_backlog_ = kMaxBacklog;
+  size_t max_unacked_for_announce_ = kMaxUnackedForAnnounce;
   std::atomic<size_t> max_watchers_{kMaxWatchConnections};
   // The watchers PollFds added, in its order, until the Maintain after the
   // poll: held, so that none of their fds is closed (and its number reused)
