@@ -1272,6 +1272,178 @@ TEST_F(TransportListener, AnOlderExporterThatRefusesThePrefetchFlagIsAskedAgainW
   ExpectNoFdLeak();
 }
 
+// Announcements (issue 37). A scripted exporter of an older vmmipc: a
+// request with a flag of `unknown` is refused as a bad request (verified,
+// under the handle's key), any other granted one chunk (`fd`), in the
+// layout its flags ask for. `flags` are those ScriptedServer records.
+ScriptedServer::Script OlderExporter(uint32_t pid, uint16_t unknown,
+                                     const std::vector<uint16_t>* flags, int fd) {
+  return [pid, unknown, flags, fd](int conn, const wire::RequestPreamble& request) {
+    const uint16_t asked = flags->back();
+    if ((asked & unknown) != 0) {
+      wire::ReplyHeader h;
+      h.status = static_cast<uint16_t>(RefuseReason::kBadRequest);
+      h.batch_count = 1;
+      SendReply(conn, request.nonce, GenuineKey(pid), h, {}, {});
+      return;
+    }
+    const std::vector<wire::ReplyEntry> entries = {{kBase, kChunk, 7}};
+    const auto bytes = wire::EncodeReply(request.nonce, GenuineKey(pid), GrantHeader(1), entries,
+                                         (asked & wire::kRequestFlagPrefetch) != 0);
+    const int fds[1] = {fd};
+    EXPECT_TRUE(SendMessage(conn, bytes, fds, Deadline::AfterMs(1000)).ok());
+  };
+}
+
+// A following client that asks for announcements (and prefetch, if told).
+ClientOptions AnnounceClient(bool prefetch) {
+  ClientOptions client = Client();
+  client.watch = true;
+  client.follower = 5;
+  client.announce = true;
+  client.prefetch = prefetch;
+  return client;
+}
+
+constexpr uint16_t kWatch = wire::kRequestFlagWatch;
+constexpr uint16_t kPrefetch = wire::kRequestFlagPrefetch;
+constexpr uint16_t kAnnounce = wire::kRequestFlagAnnounce;
+
+// An exporter that does not know the announce flag refuses it: the client
+// asks again without it (the watch connection is still made), and says so.
+TEST_F(TransportListener, AnOlderExporterThatRefusesTheAnnounceFlagIsAskedAgainWithout) {
+  const uint32_t pid = FakePid();
+  ScopedFd original = Memfd(4);
+  std::vector<uint16_t> flags;
+  {
+    ScriptedServer server(pid, OlderExporter(pid, kAnnounce, &flags, original.get()), 2, &flags);
+    FetchResult result = FetchChunks(Request(pid), AnnounceClient(false));
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_TRUE(result.announce_refused);
+    EXPECT_FALSE(result.prefetch_refused);
+    EXPECT_TRUE(result.watch.fd.valid());
+    EXPECT_EQ(result.chunks.size(), 1u);
+  }
+  EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kAnnounce, kWatch}));
+  original.Reset();
+  ExpectNoFdLeak();
+}
+
+// The newer flag goes first: an exporter that knows prefetch but not
+// announcements keeps prefetching; one that knows neither is asked a third
+// time, without both, and both are said refused.
+TEST_F(TransportListener, AnExporterThatKnowsPrefetchButNotAnnouncementsKeepsPrefetching) {
+  ScopedFd original = Memfd(4);
+  for (const bool knows_prefetch : {true, false}) {
+    const uint32_t pid = FakePid();
+    std::vector<uint16_t> flags;
+    const uint16_t unknown = knows_prefetch ? kAnnounce : kAnnounce | kPrefetch;
+    {
+      ScriptedServer server(pid, OlderExporter(pid, unknown, &flags, original.get()),
+                            knows_prefetch ? 2 : 3, &flags);
+      FetchResult result = FetchChunks(Request(pid), AnnounceClient(true));
+      ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+      EXPECT_TRUE(result.announce_refused);
+      EXPECT_EQ(result.prefetch_refused, !knows_prefetch);
+    }
+    if (knows_prefetch)
+      EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kPrefetch | kAnnounce, kWatch | kPrefetch}));
+    else
+      EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kPrefetch | kAnnounce, kWatch | kPrefetch,
+                                              kWatch}));
+  }
+  original.Reset();
+  ExpectNoFdLeak();
+}
+
+// Announcements go on the watch connection: a request without the watch
+// flag never asks for them, and an exporter asked that way (a raw request)
+// refuses it as malformed; with the watch flag it is served.
+TEST_F(TransportListener, TheAnnounceFlagWithoutTheWatchFlagIsABadRequest) {
+  ScopedFd original = Memfd(4);
+  std::vector<uint16_t> flags;
+  {
+    const uint32_t pid = FakePid();
+    ScriptedServer server(pid, OlderExporter(pid, 0, &flags, original.get()), 1, &flags);
+    ClientOptions client = AnnounceClient(false);
+    client.watch = false;
+    const FetchResult result = FetchChunks(Request(pid), client);
+    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
+    EXPECT_FALSE(result.announce_refused);
+  }
+  EXPECT_EQ(flags, std::vector<uint16_t>{0}) << "asked for announcements without watching";
+  const uint32_t pid = FakePid();
+  {
+    auto listener = MustStart(Options(pid), ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    const SocketAddress address = AbstractAddress(pid);
+    auto with_flags = [](uint16_t flags) {
+      return [flags](std::vector<uint8_t>* b) {
+        wire::Request request;
+        ASSERT_TRUE(wire::PeekRequestFields(*b, &request));
+        request.flags = flags;
+        request.follower = 5;
+        const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
+        b->assign(again.begin(), again.end());
+      };
+    };
+    EXPECT_EQ(RawExchange(address, pid, with_flags(kAnnounce)),
+              static_cast<int>(RefuseReason::kBadRequest));
+    EXPECT_EQ(RawExchange(address, pid, with_flags(kAnnounce | kPrefetch)),
+              static_cast<int>(RefuseReason::kBadRequest));
+    EXPECT_EQ(RawExchange(address, pid, with_flags(kWatch | kAnnounce)), 0);
+  }
+  original.Reset();
+  ExpectNoFdLeak();
+}
+
+// End to end: the listener keeps the watch connection of a request that
+// asked for announcements and sends them there, with the handle; a watch
+// connection that did not ask is sent none.
+TEST_F(TransportListener, AWatchThatAskedForAnnouncementsIsSentThem) {
+  const uint32_t pid = FakePid();
+  {
+    ListenerOptions options = Options(pid, 1000);
+    options.keep_watchers = true;
+    auto listener = MustStart(options, ChunksHandler(1));
+    ASSERT_NE(listener, nullptr);
+    FetchResult asked = FetchChunks(Request(pid), AnnounceClient(false));
+    ASSERT_EQ(asked.status, FetchStatus::kOk) << asked.detail;
+    EXPECT_FALSE(asked.announce_refused);
+    ClientOptions plain = AnnounceClient(false);
+    plain.follower = 6;
+    plain.announce = false;
+    FetchResult not_asked = FetchChunks(Request(pid), plain);
+    ASSERT_EQ(not_asked.status, FetchStatus::kOk) << not_asked.detail;
+    WatchAnnounce announce;
+    announce.base = kBase;
+    announce.size = kChunk;
+    announce.generation = 7;
+    announce.handle.fill(0xab);
+    // The listener makes a watcher active just after its reply went out.
+    size_t sent = 0;
+    for (const auto start = Clock::now(); sent == 0 && ElapsedMs(start) < 5000;)
+      if ((sent = listener->Announce(announce)) == 0) usleep(1000);
+    EXPECT_EQ(sent, 1u);
+    std::vector<uint8_t> buffer(wire::kAnnounceEventSize + 1);
+    ReceivedMessage message;
+    ASSERT_TRUE(
+        ReceiveMessage(asked.watch.fd.get(), buffer, &message, Deadline::AfterMs(1000)).ok());
+    wire::Event event;
+    ASSERT_EQ(wire::ParseEvent({buffer.data(), message.length}, asked.watch.nonce, asked.watch.key,
+                               &event),
+              wire::WireError::kOk);
+    EXPECT_EQ(event.kind, wire::EventKind::kAnnounce);
+    EXPECT_EQ(event.base, kBase);
+    EXPECT_EQ(event.handle, announce.handle);
+    EXPECT_EQ(
+        ReceiveMessage(not_asked.watch.fd.get(), buffer, &message, Deadline::AfterMs(0)).status,
+        IoStatus::kTimeout)
+        << "a watch that did not ask was sent an announcement";
+  }
+  ExpectNoFdLeak();
+}
+
 // Issue 11: many importers connecting at once are all served, none refused
 // or dropped, and a silent connection among them delays nobody.
 TEST_F(TransportListener, ManyPeersAtOnceWithASilentOneAmongThem) {

@@ -27,6 +27,7 @@ struct Seen {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<EventKind> kinds;
+  std::vector<wire::Event> events;
   bool WaitFor(size_t count) {
     std::unique_lock<std::mutex> lock(mutex);
     return changed.wait_for(lock, std::chrono::seconds(5), [&] { return kinds.size() >= count; });
@@ -56,8 +57,11 @@ class WatchClientTest : public ::testing::Test {
           EXPECT_EQ(tag, kTag);
           std::lock_guard<std::mutex> lock(seen_.mutex);
           seen_.kinds.push_back(event.kind);
+          seen_.events.push_back(event);
           seen_.changed.notify_all();
-          return wire::AckStatus::kDone;
+          // Core ignores an announcement it has no use for: kNotHeld.
+          return event.kind == EventKind::kAnnounce ? wire::AckStatus::kNotHeld
+                                                    : wire::AckStatus::kDone;
         },
         Timeout::Ms(1000), OnEnded);
     std::lock_guard<std::mutex> lock(g_ended.mutex);
@@ -80,6 +84,15 @@ class WatchClientTest : public ::testing::Test {
       if (io.status == IoStatus::kPeerClosed) return true;
       if (!io.ok()) return false;  // an ack: read on
     }
+  }
+
+  // The ack of the next message the client sent (waits at most a second).
+  bool ReadAck(wire::Ack* ack) {
+    std::vector<uint8_t> buffer(wire::kAckSize + 1);
+    ReceivedMessage message;
+    return ReceiveMessage(exporter_.get(), buffer, &message, Deadline::AfterMs(1000)).ok() &&
+           wire::ParseAck({buffer.data(), message.length}, kNonce, kKey, ack) ==
+               wire::WireError::kOk;
   }
 
   ScopedFd exporter_;
@@ -143,6 +156,54 @@ TEST_F(WatchClientTest, AnEndedConnectionIsToldOnceItIsForgotten) {
                                        [] { return !g_ended.tags.empty(); }));
   EXPECT_EQ(g_ended.tags, std::vector<uint64_t>{kTag});
   EXPECT_FALSE(client_->Has(kTag));
+}
+
+// An event of `kind` about the chunk at 0x200000, numbered `sequence` (with
+// a handle, which only an announcement's layout carries).
+wire::Event ChunkEvent(EventKind kind, uint32_t sequence) {
+  wire::Event event;
+  event.kind = kind;
+  event.sequence = sequence;
+  event.base = 0x200000;
+  event.size = 0x200000;
+  event.generation = 5;
+  for (size_t i = 0; i < event.handle.size(); ++i) event.handle[i] = static_cast<uint8_t>(i * 3);
+  return event;
+}
+
+// Announcements (issue 37): the longer event reaches core with its handle,
+// and is acked with core's answer, in order with the other events.
+TEST_F(WatchClientTest, AnAnnouncementReachesCoreWithItsHandleAndIsAckedWithItsAnswer) {
+  const wire::Event announce = ChunkEvent(EventKind::kAnnounce, 1);
+  const auto bytes = wire::EncodeAnnounce(announce, kNonce, kKey);
+  ASSERT_TRUE(SendMessage(exporter_.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
+  const wire::Event pause = ChunkEvent(EventKind::kPause, 2);
+  const auto pause_bytes = wire::EncodeEvent(pause, kNonce, kKey);
+  ASSERT_TRUE(SendMessage(exporter_.get(), pause_bytes, {}, Deadline::AfterMs(1000)).ok());
+  wire::Ack ack;
+  ASSERT_TRUE(ReadAck(&ack));
+  EXPECT_EQ(ack.sequence, 1u);
+  EXPECT_EQ(ack.status, wire::AckStatus::kNotHeld);
+  ASSERT_TRUE(ReadAck(&ack));
+  EXPECT_EQ(ack.sequence, 2u);
+  EXPECT_EQ(ack.status, wire::AckStatus::kDone);
+  ASSERT_TRUE(seen_.WaitFor(2));
+  std::lock_guard<std::mutex> lock(seen_.mutex);
+  EXPECT_EQ(seen_.kinds, (std::vector<EventKind>{EventKind::kAnnounce, EventKind::kPause}));
+  EXPECT_EQ(seen_.events[0].handle, announce.handle);
+  EXPECT_EQ(seen_.events[0].base, 0x200000u);
+  EXPECT_EQ(seen_.events[0].generation, 5u);
+  EXPECT_TRUE(client_->Has(kTag));
+}
+
+// A pause in the announcement's layout (a record of neither layout) is out
+// of protocol: core is told it is no longer followed, the connection ends.
+TEST_F(WatchClientTest, AnEventInTheOtherLayoutIsOutOfProtocol) {
+  const auto bytes = wire::EncodeAnnounce(ChunkEvent(EventKind::kPause, 1), kNonce, kKey);
+  ASSERT_TRUE(SendMessage(exporter_.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
+  ASSERT_TRUE(seen_.WaitFor(1));
+  EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed);
+  EXPECT_TRUE(ClosedByClient());
 }
 
 }  // namespace

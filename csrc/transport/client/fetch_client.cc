@@ -155,9 +155,11 @@ Ended Connect(Fetch& fetch) {
 Ended SendRequest(Fetch& fetch) {
   const FetchRequest& request = fetch.request;
   wire::Request wire_request;
+  const ClientOptions& options = fetch.options;
   wire_request.flags =
-      static_cast<uint16_t>((fetch.options.watch ? wire::kRequestFlagWatch : 0) |
-                            (fetch.options.prefetch ? wire::kRequestFlagPrefetch : 0));
+      static_cast<uint16_t>((options.watch ? wire::kRequestFlagWatch : 0) |
+                            (options.prefetch ? wire::kRequestFlagPrefetch : 0) |
+                            (options.watch && options.announce ? wire::kRequestFlagAnnounce : 0));
   wire_request.follower = fetch.options.follower;
   wire_request.handle = request.handle;
   // 128 bits that make this exchange's reply MACs its own: random from the
@@ -253,19 +255,30 @@ FetchResult FetchOnce(const FetchRequest& request, const ClientOptions& options)
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options) {
   const auto start = SteadyClock::now();
-  FetchResult result = FetchOnce(request, options);
-  if (!options.prefetch || result.status != FetchStatus::kRefused ||
-      result.refuse != RefuseReason::kBadRequest || !result.verified)
-    return result;
-  // An exporter that does not know the prefetch flag (an older vmmipc)
-  // refuses it as a bad request: asked again without it, within what is
-  // left of the one deadline.
-  ClientOptions plain = options;
-  plain.prefetch = false;
-  plain.timeout =
-      Timeout::Ms(std::max<int64_t>(1, options.timeout.ms() - MicrosSince(start) / 1000));
-  result = FetchOnce(request, plain);
-  result.prefetch_refused = true;
+  ClientOptions asked = options;
+  asked.announce = options.watch && options.announce;  // never sent without watch
+  FetchResult result = FetchOnce(request, asked);
+  // An exporter that does not know a flag (an older vmmipc) refuses it as a
+  // bad request: asked again without it, within what is left of the one
+  // deadline. The newer flag (announce) goes first, so that an exporter
+  // that knows prefetch is not taken for one that does not.
+  bool announce_refused = false;
+  bool prefetch_refused = false;
+  while ((asked.announce || asked.prefetch) && result.status == FetchStatus::kRefused &&
+         result.refuse == RefuseReason::kBadRequest && result.verified) {
+    if (asked.announce) {
+      asked.announce = false;
+      announce_refused = true;
+    } else {
+      asked.prefetch = false;
+      prefetch_refused = true;
+    }
+    asked.timeout =
+        Timeout::Ms(std::max<int64_t>(1, options.timeout.ms() - MicrosSince(start) / 1000));
+    result = FetchOnce(request, asked);
+  }
+  result.announce_refused = announce_refused;
+  result.prefetch_refused = prefetch_refused;
   return result;
 }
 

@@ -39,8 +39,14 @@ struct ClientOptions {
   // Take the other runs the exporter handed out handles for in the reply
   // (prefetch; requires follower). An exporter that refuses the flag (an
   // older vmmipc: kBadRequest) is asked again without it, within the same
-  // deadline (FetchResult::prefetch_refused).
+  // deadline (FetchResult::prefetch_refused; after announce, the newer flag).
   bool prefetch = false;
+  // With watch: ask the exporter to send announcements on the watch
+  // connection (kRequestFlagAnnounce: the handles it hands out from then
+  // on). An exporter that refuses the flag (an older vmmipc: kBadRequest) is
+  // asked again without it, within the same deadline
+  // (FetchResult::announce_refused); without watch the flag is not sent.
+  bool announce = false;
 };
 
 // A connection kept after a fetch with ClientOptions::watch: the exporter
@@ -100,6 +106,10 @@ struct FetchResult {
   // options.prefetch, and the exporter refused the flag as a bad request (an
   // older vmmipc): this is the answer to the request sent again without it.
   bool prefetch_refused = false;
+  // options.announce (with watch), and the exporter refused the flag as a
+  // bad request: this is the answer to the request sent again without it
+  // (and, if that was refused too, without prefetch either).
+  bool announce_refused = false;
 };
 
 FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& options);

@@ -47,7 +47,9 @@ struct WatchClient::Impl {
 
 bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
   try {
-    std::vector<uint8_t> buffer(wire::kEventSize + 1);
+    // Room for the longer layout (an announcement's), and one byte more
+    // to see a longer message as truncated.
+    std::vector<uint8_t> buffer(wire::kAnnounceEventSize + 1);
     ReceivedMessage message;
     // Verified at the fetch: this connection is the exporter's own, so its
     // fds (a resume's) are taken; a message that does not verify ends it.

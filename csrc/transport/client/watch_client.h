@@ -21,6 +21,9 @@ namespace vmmipc::transport {
 // `exporter` is the tag given to Add; `fd` is the new memory's fd on a resume
 // (invalid on a pause). A kUnfollowed event also comes from the client itself
 // when it closes a connection whose exporter sent something out of protocol.
+// A kAnnounce (a connection whose fetch set ClientOptions::announce) carries
+// the handle in event.handle; its handler returns at once (kDone, or
+// kNotHeld to ignore it): the exporter reads its ack on its poll thread.
 // Runs on the client's thread; must not throw.
 using EventHandler =
     std::function<wire::AckStatus(uint64_t exporter, const wire::Event& event, ScopedFd fd)>;
