@@ -39,6 +39,8 @@ const char* KindName(wire::EventKind kind) {
       return "resume";
     case wire::EventKind::kUnfollowed:
       return "unfollowed";
+    case wire::EventKind::kAnnounce:  // never asked for here
+      return "announce";
   }
   return "unknown";
 }

@@ -51,7 +51,14 @@
 //  - Announce and Maintain: the acks of announcements are read by Maintain
 //    (PollFds waits for POLLIN on every watcher with unacked events), so
 //    that an importer that acks every announcement never finds the
-//    exporter's receive queue full, even when no Notify ever runs.
+//    exporter's receive queue full, even when no Notify ever runs; and by
+//    the next Announce, those queued then (at most the bound's worth,
+//    without waiting): a poll turn whose PollFds lost the try-lock to an
+//    Announce sleeps a poll period, and the bound alone would then hold a
+//    burst of announcements to 256 per period.
+//  - Announce takes list_mutex_ only to copy the list, as every other path
+//    does (never held across I/O); the one longer wait it can meet there is
+//    a fork in progress in another thread (a fork lock).
 //
 // Threads: Reserve/Activate/Cancel run on the listener's threads, Notify
 // and Announce on the application's (the thread that unmaps or maps, or
