@@ -11,6 +11,15 @@ uint64_t InFlightOpens::Begin(const ExporterId& exporter, size_t lock_index) {
   return id;
 }
 
+std::vector<FollowEvent> InFlightOpens::TakeLog(uint64_t id, bool* overflowed) {
+  auto it = opens_.find(id);
+  *overflowed = false;
+  if (it == opens_.end() || it->second.placing) return {};
+  it->second.placing = true;
+  *overflowed = it->second.overflowed;
+  return std::move(it->second.events);
+}
+
 std::vector<FollowEvent> InFlightOpens::End(uint64_t id, bool* overflowed) {
   auto it = opens_.find(id);
   if (it == opens_.end()) {
@@ -26,7 +35,7 @@ std::vector<FollowEvent> InFlightOpens::End(uint64_t id, bool* overflowed) {
 bool InFlightOpens::Log(const ExporterId& exporter, const FollowEvent& event) {
   bool any = false;
   for (auto& [id, open] : opens_) {
-    if (open.exporter != exporter) continue;
+    if (open.exporter != exporter || open.placing) continue;
     any = true;
     if (open.events.size() >= kMaxEvents) {
       open.overflowed = true;

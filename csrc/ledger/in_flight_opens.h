@@ -47,9 +47,17 @@ class InFlightOpens {
 
   // An open of `exporter`'s handle under placement lock `lock_index` starts.
   uint64_t Begin(const ExporterId& exporter, size_t lock_index);
-  // The open ends (placed, or failed): its log, and whether it overflowed.
+  // The open takes its log, and whether it overflowed, under its placement
+  // lock before it places: it stays listed (LockIndexes) until End, but
+  // logs nothing more. An event after this is handled on the table, under
+  // that placement lock, once the open recorded what it mapped (before, an
+  // event that came between the two found neither the open nor its record,
+  // and was acked as not held while the open went on to map the memory).
+  std::vector<FollowEvent> TakeLog(uint64_t id, bool* overflowed);
+  // The open ends (recorded, or failed): its log if it did not take it.
   std::vector<FollowEvent> End(uint64_t id, bool* overflowed);
-  // Logs `event` for every open of `exporter` in flight; false when none is.
+  // Logs `event` for every open of `exporter` in flight that has not taken
+  // its log; false when none has.
   bool Log(const ExporterId& exporter, const FollowEvent& event);
   // The placement locks of the opens of `exporter` in flight.
   std::vector<size_t> LockIndexes(const ExporterId& exporter) const;
@@ -61,6 +69,7 @@ class InFlightOpens {
     size_t lock_index = 0;
     std::vector<FollowEvent> events;
     bool overflowed = false;
+    bool placing = false;  // took its log: placing, mapping, recording
   };
   std::map<uint64_t, Open> opens_;
   uint64_t next_id_ = 1;

@@ -558,6 +558,38 @@ TEST_F(Follow, AnOpenInFlightDuringAPauseFollowsItAndTheResume) {
   EXPECT_EQ(Settled(*importer, baseline), baseline);
 }
 
+// An open that has taken its log of events and is mapping (its import
+// delayed by the simulator, under its slot's placement lock) when the
+// exporter pauses the chunk: the follow thread waits for that lock and
+// unmaps what the open recorded. Before, the event found neither the open
+// (no longer in flight) nor its record (not yet made), was acked "not
+// held", and the open mapped the released memory for good.
+TEST_F(Follow, APauseWhileAnOpenMapsIsFollowedOnceTheOpenRecorded) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed import";
+  auto exporter = FollowPeer("exporter", "0", {{"VMMIPC_LOG_LEVEL", "debug"}});
+  auto importer = FollowPeer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t a = VmmBuffer(*exporter, "a", 1, 3);
+  const uint64_t c = VmmBuffer(*exporter, "c", 1, 5);
+  const std::string ha = Handle(*exporter, a), hc = Handle(*exporter, c);
+  OpenCheckClose(*importer, hc, kChunk, 5);  // the watch connection, nothing left open
+  const Resources baseline = Held(*importer);
+  ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 1500"), "ok");
+  ASSERT_EQ(importer->Call("open_bg " + ha + " a"), "ok");
+  // In its delayed import: past its log, before its record.
+  ASSERT_TRUE(WaitUntil([&] { return SleepsInAThread(importer->pid()); }, 5000));
+  EXPECT_EQ(exporter->Call("pause a"), "ok");
+  const std::string pa = Value(importer->Call("open_bg_result a"));
+  ASSERT_FALSE(pa.empty());
+  ExpectUnmapped(*importer, pa);
+  EXPECT_EQ(exporter->Call("resume a"), "ok");
+  EXPECT_EQ(exporter->Call("fill " + Hex(a) + " " + Hex(kChunk) + " 9"), "ok");
+  EXPECT_EQ(importer->Call("check " + pa + " " + Hex(kChunk) + " 9"), "ok")
+      << "the open kept the memory the pause released";
+  EXPECT_EQ(importer->Call("close " + pa), "ok");
+  EXPECT_EQ(Settled(*importer, baseline), baseline);
+}
+
 // The documented default: nothing follows, the importer keeps the old memory alive.
 TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemory) {
   auto [exporter, importer, base, size, s] =

@@ -137,6 +137,24 @@ inline bool WaitsInPoll(pid_t pid, bool main_thread) {
   return polling;
 }
 
+// Whether a thread of `pid` other than its main one sleeps (nanosleep or
+// clock_nanosleep): where the simulator holds a delayed driver call.
+inline bool SleepsInAThread(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return false;
+  bool sleeping = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || std::to_string(pid) == e->d_name) continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/syscall");
+    long number = -1;
+    if (!(in >> number)) continue;  // "running"
+    sleeping = sleeping || number == SYS_clock_nanosleep || number == SYS_nanosleep;
+  }
+  closedir(d);
+  return sleeping;
+}
+
 // How many times `text` occurs in `log`.
 inline size_t Occurrences(const std::string& log, const std::string& text) {
   size_t n = 0;

@@ -26,6 +26,24 @@ std::vector<FetchedChunk> TwoChunks() {
           {0x1000000 + kChunk, kChunk, 6, 101, false, false, nullptr}};
 }
 
+// An open that took its log stays listed (its placement lock) until it
+// ends, and is logged nothing more: the follow thread waits for its lock and
+// finds its record instead.
+TEST(InFlightOpens, AnOpenThatTookItsLogKeepsItsLockListedAndIsLoggedNothingMore) {
+  InFlightOpens opens;
+  const uint64_t id = opens.Begin(kExporter, 3);
+  EXPECT_TRUE(opens.Log(kExporter, Pause(0x1000000, 5)));
+  bool overflowed = true;
+  EXPECT_EQ(opens.TakeLog(id, &overflowed).size(), 1u);
+  EXPECT_FALSE(overflowed);
+  EXPECT_EQ(opens.LockIndexes(kExporter), std::vector<size_t>{3});
+  EXPECT_FALSE(opens.Log(kExporter, Pause(0x1000000 + kChunk, 6)));
+  EXPECT_TRUE(opens.TakeLog(id, &overflowed).empty());  // taken once
+  EXPECT_TRUE(opens.End(id, &overflowed).empty());
+  EXPECT_TRUE(opens.LockIndexes(kExporter).empty());
+  EXPECT_EQ(opens.size(), 0u);
+}
+
 TEST(InFlightOpens, EventsAreLoggedOnlyForOpensOfTheirExporterInFlight) {
   InFlightOpens opens;
   EXPECT_FALSE(opens.Log(kExporter, Pause(0x1000000, 5)));  // nobody in flight

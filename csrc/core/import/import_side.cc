@@ -15,7 +15,7 @@ std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key, 
                                                     bool* overflowed, PrefetchKeep* keep) {
   return WithTable([&](ledger::ImportTable& table) -> std::optional<uint64_t> {
     *overflowed = false;
-    if (in_flight != 0) *missed = in_flight_.End(in_flight, overflowed);
+    if (in_flight != 0) *missed = in_flight_.TakeLog(in_flight, overflowed);
     if (keep != nullptr && !keep->runs.empty())
       KeepPrefetchedLocked(key.exporter, *missed, *overflowed, keep);
     return table.Reopen(key);

@@ -26,11 +26,14 @@
 //    device); taken after a placement lock, never with import_mutex_.
 //  - The in-flight opens (ledger/in_flight_opens.h) are read and written
 //    under import_mutex_: they stay here, not in ImportFollow, because an
-//    open ends its flight and looks the table up in one hold of it. The
+//    open takes its log and looks the table up in one hold of it. The
 //    follow thread handles an event under every placement lock of the
 //    exporter's opens, in the table and in flight (taken in index order;
 //    nothing else takes two), so an open's place .. record steps and an
-//    event of its exporter never interleave.
+//    event of its exporter never interleave. An open stays listed in
+//    flight from before its fetch until it ends, after its record (having
+//    taken its log, it is sent no more events: the follow thread waits for
+//    its placement lock and finds the record).
 //  - Prefetch: the prefetched fds (ledger/prefetched_fds.h) are read and
 //    written under import_mutex_ and, inside it, prefetch_mutex_, a fork
 //    lock (so that a forked child can always close its copies). An open
@@ -72,7 +75,8 @@ class ImportSide {
   // import lock: the pointer when another thread opened the same handle
   // meanwhile; else nullopt and the follow events that came for the open in
   // flight `in_flight` (from BeginOpen; 0: none), `*overflowed` when more came
-  // than its log holds. Ends the open in flight either way.
+  // than its log holds. Takes the open's log either way (it stays listed
+  // in flight until EndOpen: ledger::InFlightOpens::TakeLog).
   // Prefetch: the runs an open's fetch brought besides its own, kept in the
   // same hold when this process still follows their exporter (a watch
   // connection to `watch_tag` is kept) and no event in the open's log
