@@ -158,6 +158,11 @@ std::string Format() {
   if (Any(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched))
     out += "  prefetch: " + Group(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched, false) +
            "\n";
+  // Only where map ahead did something (VMMIPC_PREFETCH=3 with follow).
+  if (Any(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped))
+    out +=
+        "  map ahead: " + Group(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped, false) +
+        "\n";
   out += "  open failures: " + Group(kFirstFetchFailure, Counter::kOpenFailedInvalid, true);
   return out;
 }

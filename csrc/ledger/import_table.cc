@@ -5,10 +5,22 @@
 
 namespace vmmipc::ledger {
 
-std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key) {
+std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key, Reopener* who) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return std::nullopt;
   OpenRecord& record = opens_.at(it->second);
+  Reopener application{false, record.device};
+  if (who == nullptr) who = &application;
+  if (who->ahead) return record.pointer;
+  if (record.ahead) {
+    if (record.device != who->device) {
+      who->other_device = true;
+      return std::nullopt;
+    }
+    record.ahead = false;  // its one open is the application's now
+    who->adopted = true;
+    return record.pointer;
+  }
   ++record.opens;
   return record.pointer;
 }
@@ -44,13 +56,17 @@ PointerUse ImportTable::UseOf(uint64_t pointer, uint64_t run_base, uint64_t run_
                                                                             : PointerUse::kOtherRun;
 }
 
-void ImportTable::AddOpen(OpenRecord record) {
+bool ImportTable::AddOpen(OpenRecord record) {
   if (auto existing = opens_.find(record.pointer); existing != opens_.end()) {
     // Core checked UseOf: the same run, its chunks already counted.
-    ++existing->second.opens;
+    if (record.ahead) return false;  // open already: nothing to do ahead
+    if (existing->second.ahead)
+      existing->second.ahead = false;  // adopted: its one open is this one
+    else
+      ++existing->second.opens;
     existing->second.alias_keys.push_back(record.key);
     by_key_[record.key] = record.pointer;
-    return;
+    return true;
   }
   for (uint64_t target : record.chunks) ++chunks_.at(target).users;
   record.opens = 1;
@@ -62,15 +78,64 @@ void ImportTable::AddOpen(OpenRecord record) {
   by_key_[record.key] = record.pointer;
   const uint64_t pointer = record.pointer;
   opens_[pointer] = std::move(record);
+  return true;
 }
 
 CloseResult ImportTable::Close(uint64_t pointer) {
   CloseResult result;
   auto it = opens_.find(pointer);
-  if (it == opens_.end()) return result;
+  if (it == opens_.end() || it->second.ahead) return result;
   result.ours = true;
+  if (--it->second.opens > 0) return result;
+  Remove(it, &result);
+  return result;
+}
+
+CloseResult ImportTable::DropAhead(const ExporterId& exporter, uint64_t exporter_address,
+                                   bool all) {
+  CloseResult result;
+  for (auto it = opens_.begin(); it != opens_.end();) {
+    const OpenRecord& record = it->second;
+    bool drop = record.ahead && record.key.exporter == exporter;
+    if (drop && !all)
+      drop = std::any_of(record.chunks.begin(), record.chunks.end(), [&](uint64_t target) {
+        auto chunk = chunks_.find(target);
+        return chunk != chunks_.end() && chunk->second.exporter_address == exporter_address;
+      });
+    auto next = std::next(it);
+    if (drop) {
+      result.ours = true;
+      Remove(it, &result);
+    }
+    it = next;
+  }
+  return result;
+}
+
+CloseResult ImportTable::DropAheadKey(const OpenKey& key) {
+  CloseResult result;
+  auto by_key = by_key_.find(key);
+  if (by_key == by_key_.end()) return result;
+  auto it = opens_.find(by_key->second);
+  if (it == opens_.end() || !it->second.ahead) return result;
+  result.ours = true;
+  Remove(it, &result);
+  return result;
+}
+
+AheadUse ImportTable::AheadOf(const ExporterId& exporter) const {
+  AheadUse use;
+  for (const auto& [pointer, record] : opens_) {
+    if (!record.ahead || record.key.exporter != exporter) continue;
+    use.chunks += record.chunks.size();
+    use.bytes += record.run_size;
+  }
+  return use;
+}
+
+void ImportTable::Remove(std::map<uint64_t, OpenRecord>::iterator it, CloseResult* out) {
+  CloseResult& result = *out;
   OpenRecord& record = it->second;
-  if (--record.opens > 0) return result;
   result.last = true;
   for (uint64_t target : record.chunks) {
     auto chunk = chunks_.find(target);
@@ -82,12 +147,15 @@ CloseResult ImportTable::Close(uint64_t pointer) {
   }
   if (auto slot = slots_.find(record.zone_slot); slot != slots_.end() && --slot->second.opens == 0)
     slots_.erase(slot);
-  result.free_reservation = record.private_reservation;
-  result.free_reservation_size = record.private_reservation_size;
+  if (record.private_reservation != 0) {
+    // One record's reservation per result: DropAhead never takes a private
+    // one (opens ahead are placed in the zone only).
+    result.free_reservation = record.private_reservation;
+    result.free_reservation_size = record.private_reservation_size;
+  }
   by_key_.erase(record.key);
   for (const OpenKey& alias : record.alias_keys) by_key_.erase(alias);
   opens_.erase(it);
-  return result;
 }
 
 std::vector<MappedChunk> ImportTable::TakeUnused(const std::vector<uint64_t>& targets) {

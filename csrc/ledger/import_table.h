@@ -2,7 +2,9 @@
 //  - chunks: every peer chunk mapped here, by importer address, with the
 //    number of open records that use it;
 //  - opens: every pointer cuIpcOpenMemHandle returned, with its open count
-//    and the chunks it holds.
+//    and the chunks it holds; and the opens made ahead of the application
+//    (map ahead, VMMIPC_PREFETCH=3), which its first open of the same handle
+//    adopts.
 // Each open is matched by exactly one close, and the last close of the last
 // user of a chunk hands it back for unmapping (the seed design leaked here).
 // It also knows which exporter each rank slot of the zone serves: the first
@@ -69,6 +71,27 @@ struct OpenRecord {
   // Other handles that opened this same run at this same pointer: after a
   // followed resume, a handle of the new memory lands where the old one is.
   std::vector<OpenKey> alias_keys;
+  // Opened ahead by vmmipc (an exporter's announcement), not yet by the
+  // application: its one open stands for the application's first, which
+  // adopts it. The application cannot close it (it never got the pointer);
+  // it goes when its exporter pauses or frees it, or stops being followed.
+  bool ahead = false;
+  int32_t device = -1;  // the device its access was set for
+};
+
+// Who reopens a handle, and what the reopen found.
+struct Reopener {
+  bool ahead = false;   // an open ahead: an existing record is left as it is
+  int32_t device = -1;  // the application's device (adopting needs the same)
+  // out
+  bool adopted = false;       // the application took over an open made ahead
+  bool other_device = false;  // an open ahead for another device is in the way
+};
+
+// The opens made ahead of one exporter: their chunks and bytes.
+struct AheadUse {
+  size_t chunks = 0;
+  uint64_t bytes = 0;
 };
 
 enum class PointerUse {
@@ -94,8 +117,11 @@ struct CloseResult {
 
 class ImportTable {
  public:
-  // Opening the same handle again: bump and return its pointer.
-  std::optional<uint64_t> Reopen(const OpenKey& key);
+  // Opening the same handle again: bump and return its pointer. An open
+  // made ahead is adopted instead (no bump) by the application's open on the
+  // same device; an open ahead bumps nothing (the handle is open already).
+  // Without `who`: the application's, on the device of any open made ahead.
+  std::optional<uint64_t> Reopen(const OpenKey& key, Reopener* who = nullptr);
   ChunkProbe Probe(uint64_t target, uint64_t size, const ExporterId& exporter,
                    uint64_t exporter_address, uint32_t generation) const;
   // Records a newly mapped chunk with no users yet.
@@ -104,10 +130,20 @@ class ImportTable {
   PointerUse UseOf(uint64_t pointer, uint64_t run_base, uint64_t run_size) const;
   // Records an open whose chunks (all already added) it starts using. When an
   // open of the same run returned the same pointer (PointerUse::kSameRun),
-  // the new key joins that record as one more open of it.
-  void AddOpen(OpenRecord record);
-  // One close of `pointer`.
+  // the new key joins that record as one more open of it (an application's
+  // open adopts a record made ahead; an open ahead joins nothing). False
+  // when an open ahead joined nothing.
+  bool AddOpen(OpenRecord record);
+  // One close of `pointer` (not of an open made ahead: not the application's).
   CloseResult Close(uint64_t pointer);
+  // Map ahead: the opens made ahead of `exporter` and not adopted that hold
+  // its chunk at `exporter_address` (`all`: every one of `exporter`), taken
+  // out as their last close; what they alone held is returned to unmap.
+  CloseResult DropAhead(const ExporterId& exporter, uint64_t exporter_address, bool all);
+  // The open made ahead that `key` names, taken out (the application opens
+  // on another device than it was made for).
+  CloseResult DropAheadKey(const OpenKey& key);
+  AheadUse AheadOf(const ExporterId& exporter) const;
   // Chunks with no users, as left by a failed open: removes and returns them.
   std::vector<MappedChunk> TakeUnused(const std::vector<uint64_t>& targets);
   // The key of the handle `pointer` was opened from (core takes its
@@ -146,7 +182,10 @@ class ImportTable {
 
  private:
   std::map<uint64_t, MappedChunk> chunks_;  // by target
-  std::map<uint64_t, OpenRecord> opens_;    // by pointer
+  // The last close of the record at `it`, into `result`.
+  void Remove(std::map<uint64_t, OpenRecord>::iterator it, CloseResult* result);
+
+  std::map<uint64_t, OpenRecord> opens_;  // by pointer
   std::map<OpenKey, uint64_t> by_key_;
   struct SlotUse {
     ExporterId exporter;

@@ -90,7 +90,9 @@ class ImportPrefetch : public ::testing::Test {
     keep.watch_tag = WatchTag(kExporter);
     std::vector<ledger::FollowEvent> missed;
     bool overflowed = false;
-    EXPECT_FALSE(importer_->ReopenOrEndOpen(KeyOf(1), in_flight, &missed, &overflowed, &keep));
+    ledger::Reopener application;
+    EXPECT_FALSE(
+        importer_->ReopenOrEndOpen(KeyOf(1), &application, in_flight, &missed, &overflowed, &keep));
     return keep.kept;
   }
 

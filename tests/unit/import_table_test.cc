@@ -178,3 +178,108 @@ TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
 
 }  // namespace
 }  // namespace vmmipc::ledger
+
+namespace vmmipc::ledger {
+namespace {
+
+// Map ahead: an open made ahead of the application (an exporter's
+// announcement) is adopted by the application's first open of the same
+// handle on the same device, is never the application's to close before
+// that, and goes with its exporter's pause or free, or all of them.
+OpenRecord Ahead(uint64_t pointer, uint64_t address, std::vector<uint64_t> chunks,
+                 int32_t device = 0) {
+  OpenRecord r = Open(pointer, address, std::move(chunks));
+  r.ahead = true;
+  r.device = device;
+  return r;
+}
+
+TEST(ImportTableAhead, TheApplicationsOpenAdoptsItAndOneCloseThenUnmaps) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  ASSERT_TRUE(t.AddOpen(Ahead(0x1000000, 0x7000000, {0x1000000})));
+  const OpenKey key{kPeer, 0x7000000, 1, 0, 0};
+  // Before the application opens it, its pointer is not the application's to close.
+  EXPECT_FALSE(t.Close(0x1000000).ours);
+  // Another open ahead of the same handle finds it open and bumps nothing.
+  Reopener ahead{true, 0};
+  EXPECT_EQ(t.Reopen(key, &ahead), 0x1000000u);
+  Reopener app{false, 0};
+  EXPECT_EQ(t.Reopen(key, &app), 0x1000000u);
+  EXPECT_TRUE(app.adopted);
+  // A second open of the application is an ordinary reopen.
+  Reopener again{false, 0};
+  EXPECT_EQ(t.Reopen(key, &again), 0x1000000u);
+  EXPECT_FALSE(again.adopted);
+  EXPECT_FALSE(t.Close(0x1000000).last);
+  const CloseResult last = t.Close(0x1000000);
+  EXPECT_TRUE(last.last);
+  ASSERT_EQ(last.to_unmap.size(), 1u);
+  EXPECT_EQ(t.open_count(), 0u);
+  EXPECT_FALSE(t.Close(0x1000000).ours);  // one close too many, as without map ahead
+}
+
+TEST(ImportTableAhead, AnOpenOnAnotherDeviceDoesNotAdoptIt) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  ASSERT_TRUE(t.AddOpen(Ahead(0x1000000, 0x7000000, {0x1000000}, /*device=*/1)));
+  const OpenKey key{kPeer, 0x7000000, 1, 0, 0};
+  Reopener app{false, 0};
+  EXPECT_EQ(t.Reopen(key, &app), std::nullopt);
+  EXPECT_TRUE(app.other_device);
+  const CloseResult dropped = t.DropAheadKey(key);
+  EXPECT_TRUE(dropped.ours);
+  ASSERT_EQ(dropped.to_unmap.size(), 1u);
+  EXPECT_EQ(t.open_count(), 0u);
+  EXPECT_EQ(t.chunk_count(), 0u);
+}
+
+TEST(ImportTableAhead, AnOpenAheadJoinsNothingAndTheApplicationJoiningOneAdoptsIt) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  ASSERT_TRUE(t.AddOpen(Open(0x1000000, 0x7000000, {0x1000000})));
+  // The same run at the same pointer under another key (a followed resume's
+  // handle): an open ahead of it records nothing.
+  OpenRecord other = Ahead(0x1000000, 0x7000000, {0x1000000});
+  other.key.generation = 2;
+  EXPECT_FALSE(t.AddOpen(other));
+  EXPECT_TRUE(t.Close(0x1000000).last);
+
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  ASSERT_TRUE(t.AddOpen(Ahead(0x1000000, 0x7000000, {0x1000000})));
+  OpenRecord joining = Open(0x1000000, 0x7000000, {0x1000000});
+  joining.key.generation = 2;
+  EXPECT_TRUE(t.AddOpen(joining));
+  // Adopted: one close of the application's ends it.
+  EXPECT_TRUE(t.Close(0x1000000).last);
+  EXPECT_EQ(t.open_count(), 0u);
+}
+
+TEST(ImportTableAhead, APauseDropsOnlyTheOpensAheadThatHoldItsChunk) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  t.AddChunk(Chunk(0x1200000, 0x7200000));
+  t.AddChunk(Chunk(0x1400000, 0x7400000));
+  ASSERT_TRUE(t.AddOpen(Ahead(0x1000000, 0x7000000, {0x1000000, 0x1200000})));
+  ASSERT_TRUE(t.AddOpen(Ahead(0x1400000, 0x7400000, {0x1400000})));
+  // The application's open shares the first run's second chunk.
+  ASSERT_TRUE(t.AddOpen(Open(0x1200000, 0x7200000, {0x1200000})));
+  EXPECT_EQ(t.AheadOf(kPeer).chunks, 3u);
+  EXPECT_EQ(t.AheadOf(kPeer).bytes, 3 * kChunk);
+  EXPECT_FALSE(t.DropAhead(ExporterId{kPeer.pid, kPeer.instance + 1}, 0, true).ours);
+  const CloseResult paused = t.DropAhead(kPeer, 0x7200000, false);
+  EXPECT_TRUE(paused.ours);
+  // Chunk 1 stays: the application's open holds it.
+  ASSERT_EQ(paused.to_unmap.size(), 1u);
+  EXPECT_EQ(paused.to_unmap[0].target, 0x1000000u);
+  EXPECT_EQ(t.open_count(), 2u);
+  const CloseResult all = t.DropAhead(kPeer, 0, true);
+  ASSERT_EQ(all.to_unmap.size(), 1u);
+  EXPECT_EQ(all.to_unmap[0].target, 0x1400000u);
+  EXPECT_EQ(t.AheadOf(kPeer).chunks, 0u);
+  EXPECT_TRUE(t.Close(0x1200000).last);
+  EXPECT_EQ(t.chunk_count(), 0u);
+}
+
+}  // namespace
+}  // namespace vmmipc::ledger

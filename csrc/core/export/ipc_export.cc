@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/export/announce.h"
 #include "core/export/export_ahead.h"
 #include "core/export/export_listener.h"
 #include "core/export/rank_slot.h"
@@ -79,6 +80,10 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
   }
   // Prefetch: runs handed out may be sent ahead to importers that follow.
   if (PrefetchOn()) exporter.mappings().MarkHandedOut(chunk.base, chunk.generation);
+  // Map ahead: importers that follow this process may open it now, while
+  // the application still passes the handle on.
+  if (MapAheadOn())
+    AnnounceHandle(exporter, handle, reinterpret_cast<const unsigned char*>(out->reserved));
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);
   return CUDA_SUCCESS;

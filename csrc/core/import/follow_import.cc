@@ -9,7 +9,9 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "config/params.h"
+#include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
+#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 
@@ -29,6 +31,10 @@ namespace {
 using transport::wire::AckStatus;
 using transport::wire::Event;
 using transport::wire::EventKind;
+
+ledger::ExporterId ExporterOf(uint64_t tag) {
+  return ledger::ExporterId{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
+}
 
 AckStatus FollowPause(ImportSide& importer, const ledger::ExporterId& exporter,
                       const Event& event) {
@@ -97,6 +103,24 @@ AckStatus FollowUnfollowed(ImportSide& importer, const ledger::ExporterId& expor
   return AckStatus::kDone;
 }
 
+// Map ahead: the opens made ahead of `exporter` that an event names (`all`:
+// every one) go, as their last close would: nothing made ahead outlives the
+// memory's pause or free, or the exporter's being followed. Caller holds the
+// exporter's placement locks.
+size_t DropOpensAhead(ImportSide& importer, const ledger::ExporterId& exporter, uint64_t base,
+                      bool all) {
+  const ledger::CloseResult dropped = importer.DropAhead(exporter, base, all);
+  for (const ledger::MappedChunk& chunk : dropped.to_unmap)
+    if (!chunk.paused) UnmapChunk(chunk.target, chunk.size);
+  if (dropped.ours) {
+    stats::Count(stats::Counter::kOpensAheadDropped);
+    VMMIPC_LOG_DEBUG("map ahead: dropped what was opened ahead of pid {}{}: {} chunk(s) unmapped",
+                     exporter.pid, all ? "" : fmt::format(" at 0x{:x}", base),
+                     dropped.to_unmap.size());
+  }
+  return dropped.to_unmap.size() + (dropped.ours ? 1 : 0);
+}
+
 // Logs `event` for this exporter's opens in flight (they apply it before
 // they map: ledger/in_flight_opens.h). A resume's fd is shared by them.
 bool LogForOpensInFlight(ImportSide& importer, const ledger::ExporterId& exporter,
@@ -129,11 +153,15 @@ AckStatus OnMappedEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept 
     if (event.kind == EventKind::kUnfollowed) {
       // Its opens in flight must not map what it no longer follows either.
       LogForOpensInFlight(importer, exporter, event, ScopedFd());
+      DropOpensAhead(importer, exporter, 0, true);
       return FollowUnfollowed(importer, exporter);
     }
+    const bool dropped_ahead = event.kind == EventKind::kPause &&
+                               DropOpensAhead(importer, exporter, event.base, false) != 0;
     AckStatus status = event.kind == EventKind::kPause
                            ? FollowPause(importer, exporter, event)
                            : FollowResume(importer, exporter, event, fd.get());
+    if (dropped_ahead && status == AckStatus::kNotHeld) status = AckStatus::kDone;
     if (LogForOpensInFlight(importer, exporter, event, std::move(fd)) &&
         status == AckStatus::kNotHeld)
       status = AckStatus::kDone;  // an open in flight holds it: it will not map the old memory
@@ -141,10 +169,6 @@ AckStatus OnMappedEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept 
   } catch (...) {
     return AckStatus::kFailed;
   }
-}
-
-ledger::ExporterId ExporterOf(uint64_t tag) {
-  return ledger::ExporterId{static_cast<uint32_t>(tag >> 32), tag & 0xFFFFFFFFu};
 }
 
 // Prefetch: what this process holds of exporter `tag` ahead of its opens,
@@ -166,11 +190,39 @@ size_t DropPrefetched(uint64_t tag, uint64_t base, bool all) {
   return count;
 }
 
+// Map ahead: an exporter announced a handle it handed out. Queued for the
+// ahead thread (core/import/ahead_opens.h) when it names that exporter's
+// memory; acked at once either way (it asks for nothing).
+AckStatus OnAnnounce(uint64_t tag, const Event& event) noexcept {
+  try {
+    if (!MapAheadOn()) return AckStatus::kNotHeld;
+    stats::Count(stats::Counter::kAnnouncementsReceived);
+    ledger::Vmm2Handle h;
+    static_assert(sizeof(event.handle) == ledger::kHandleSize);
+    const ledger::ExporterId exporter = ExporterOf(tag);
+    if (ledger::DecodeHandle(event.handle.data(), &h) != ledger::DecodeStatus::kOk ||
+        h.pid != exporter.pid || h.instance != exporter.instance) {
+      // Only its own memory: a same-user exporter could otherwise make this
+      // process fetch from another one (which any handle could, but not unasked).
+      stats::Count(stats::Counter::kAnnouncementsDropped);
+      VMMIPC_LOG_DEBUG("map ahead: pid {} announced a handle that is not its own; ignored",
+                       exporter.pid);
+      return AckStatus::kFailed;
+    }
+    if (!Importer().ahead().Queue(event.handle, OpenAhead))
+      stats::Count(stats::Counter::kAnnouncementsDropped);
+    return AckStatus::kDone;
+  } catch (...) {
+    return AckStatus::kFailed;
+  }
+}
+
 // The follow thread's handler. What is mapped first and the event logged for
 // the opens in flight, then what was prefetched: an open that kept what its
 // fetch prefetched before the event was logged has it dropped here; one that
 // kept it after has the event in its log (core/import/import_side.h).
 AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
+  if (event.kind == EventKind::kAnnounce) return OnAnnounce(tag, event);
   AckStatus status = OnMappedEvent(tag, event, std::move(fd));
   try {
     if (DropPrefetched(tag, event.base, event.kind == EventKind::kUnfollowed) != 0 &&
@@ -186,7 +238,15 @@ AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
 // protocol): nothing would tell this process of its unmaps any more.
 void OnWatchEnded(uint64_t tag) noexcept {
   try {
-    UseFollowContext(Importer());
+    ImportSide& importer = Importer();
+    UseFollowContext(importer);
+    const ledger::ExporterId exporter = ExporterOf(tag);
+    {
+      std::vector<std::unique_lock<std::mutex>> placement;
+      for (size_t index : importer.PlacementIndexesOf(exporter))
+        placement.emplace_back(importer.placement_mutex_at(index));
+      DropOpensAhead(importer, exporter, 0, true);
+    }
     DropPrefetched(tag, 0, true);
   } catch (...) {
   }

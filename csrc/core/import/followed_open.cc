@@ -118,7 +118,8 @@ CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened)
   keep.watch_tag = WatchTag(exporter_);
   // The open stays listed in flight (its placement lock) until it ends, after
   // its record: an event from now on waits for that lock and finds the record.
-  *reopened = importer_.ReopenOrEndOpen(open->key, in_flight_, &missed, &overflowed, &keep);
+  *reopened = importer_.ReopenOrEndOpen(open->key, &open->reopener, in_flight_, &missed,
+                                        &overflowed, &keep);
   if (keep.kept != 0) {
     stats::Count(stats::Counter::kChunksPrefetched, keep.kept);
     if (ImportAheadOn()) (void)importer_.StartImportAhead(ImportOnPrefetchThread, ReleaseImported);

@@ -6,11 +6,12 @@
 
 namespace vmmipc::core {
 
-std::optional<uint64_t> ImportSide::Reopen(const ledger::OpenKey& key) {
-  return WithTable([&](ledger::ImportTable& table) { return table.Reopen(key); });
+std::optional<uint64_t> ImportSide::Reopen(const ledger::OpenKey& key, ledger::Reopener* who) {
+  return WithTable([&](ledger::ImportTable& table) { return table.Reopen(key, who); });
 }
 
-std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key, uint64_t in_flight,
+std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key,
+                                                    ledger::Reopener* who, uint64_t in_flight,
                                                     std::vector<ledger::FollowEvent>* missed,
                                                     bool* overflowed, PrefetchKeep* keep) {
   return WithTable([&](ledger::ImportTable& table) -> std::optional<uint64_t> {
@@ -18,7 +19,7 @@ std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key, 
     if (in_flight != 0) *missed = in_flight_.TakeLog(in_flight, overflowed);
     if (keep != nullptr && !keep->runs.empty())
       KeepPrefetchedLocked(key.exporter, *missed, *overflowed, keep);
-    return table.Reopen(key);
+    return table.Reopen(key, who);
   });
 }
 
@@ -81,16 +82,30 @@ bool ImportSide::KeyToClose(uint64_t pointer, std::optional<ledger::OpenKey>* ke
   });
 }
 
-void ImportSide::AddOpen(const std::vector<ledger::MappedChunk>& mapped,
+bool ImportSide::AddOpen(const std::vector<ledger::MappedChunk>& mapped,
                          ledger::OpenRecord record) {
-  WithTable([&](ledger::ImportTable& table) {
+  return WithTable([&](ledger::ImportTable& table) {
     for (const ledger::MappedChunk& chunk : mapped) table.AddChunk(chunk);
-    table.AddOpen(std::move(record));
+    return table.AddOpen(std::move(record));
   });
 }
 
 ledger::CloseResult ImportSide::Close(uint64_t pointer) {
   return WithTable([&](ledger::ImportTable& table) { return table.Close(pointer); });
+}
+
+ledger::CloseResult ImportSide::DropAhead(const ledger::ExporterId& exporter, uint64_t base,
+                                          bool all) {
+  return WithTable(
+      [&](ledger::ImportTable& table) { return table.DropAhead(exporter, base, all); });
+}
+
+ledger::CloseResult ImportSide::DropAheadKey(const ledger::OpenKey& key) {
+  return WithTable([&](ledger::ImportTable& table) { return table.DropAheadKey(key); });
+}
+
+ledger::AheadUse ImportSide::AheadOf(const ledger::ExporterId& exporter) {
+  return WithTable([&](ledger::ImportTable& table) { return table.AheadOf(exporter); });
 }
 
 bool ImportSide::RunAt(uint64_t address, uint64_t* base, uint64_t* size) {

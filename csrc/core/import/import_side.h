@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "common/fork_lock.h"
+#include "core/import/ahead_opens.h"
 #include "core/import/import_follow.h"
 #include "core/prefetch.h"
 #include "ledger/handle_codec.h"
@@ -69,8 +70,9 @@ namespace vmmipc::core {
 
 class ImportSide {
  public:
-  // The same handle opened again: one more open of its pointer.
-  std::optional<uint64_t> Reopen(const ledger::OpenKey& key);
+  // The same handle opened again: one more open of its pointer (an open made
+  // ahead is adopted; ledger::ImportTable::Reopen).
+  std::optional<uint64_t> Reopen(const ledger::OpenKey& key, ledger::Reopener* who);
   // After an open's fetch, under its run's placement lock, in one hold of the
   // import lock: the pointer when another thread opened the same handle
   // meanwhile; else nullopt and the follow events that came for the open in
@@ -87,7 +89,8 @@ class ImportSide {
     size_t kept = 0;                // out: chunks kept
     std::vector<ScopedFd> dropped;  // out
   };
-  std::optional<uint64_t> ReopenOrEndOpen(const ledger::OpenKey& key, uint64_t in_flight,
+  std::optional<uint64_t> ReopenOrEndOpen(const ledger::OpenKey& key, ledger::Reopener* who,
+                                          uint64_t in_flight,
                                           std::vector<ledger::FollowEvent>* missed,
                                           bool* overflowed, PrefetchKeep* keep = nullptr);
 
@@ -119,10 +122,19 @@ class ImportSide {
   // For a close: false when nothing is open here (the pointer is the driver's);
   // else the key of the open that returned `pointer`, if one did.
   bool KeyToClose(uint64_t pointer, std::optional<ledger::OpenKey>* key);
-  // Records a mapped open: its newly mapped chunks, then the open itself.
-  void AddOpen(const std::vector<ledger::MappedChunk>& mapped, ledger::OpenRecord record);
+  // Records a mapped open: its newly mapped chunks, then the open itself
+  // (false: an open ahead found the run open already; nothing recorded).
+  bool AddOpen(const std::vector<ledger::MappedChunk>& mapped, ledger::OpenRecord record);
   // One close of `pointer` (ledger::ImportTable::Close).
   ledger::CloseResult Close(uint64_t pointer);
+  // Map ahead (ledger::ImportTable::DropAhead, DropAheadKey, AheadOf). The
+  // caller holds the placement locks of what it drops, and unmaps.
+  ledger::CloseResult DropAhead(const ledger::ExporterId& exporter, uint64_t base, bool all);
+  ledger::CloseResult DropAheadKey(const ledger::OpenKey& key);
+  ledger::AheadUse AheadOf(const ledger::ExporterId& exporter);
+  // The announced handles waiting to be opened ahead, and the thread that
+  // opens them (core/import/ahead_opens.h).
+  AheadOpens& ahead() { return ahead_; }
   // The imported run holding `address`, for the range queries; false when
   // vmmipc did not map it.
   bool RunAt(uint64_t address, uint64_t* base, uint64_t* size);
@@ -266,6 +278,7 @@ class ImportSide {
   std::condition_variable import_ahead_wake_;
   bool import_ahead_stop_ = false;  // under import_mutex_
 
+  AheadOpens ahead_;  // before follow_: the follow thread queues here until it stops
   ImportFollow follow_;
 };
 

@@ -2,10 +2,12 @@
 // steps (core/import/opening.h), and cuIpcCloseMemHandle (the last close of a
 // chunk unmaps it). Foreign handles and pointers go to the real driver
 // unchanged.
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
 #include "core/hooks.h"
+#include "core/import/follow_import.h"
 #include "core/import/followed_open.h"
 #include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
@@ -17,38 +19,71 @@
 namespace vmmipc::core {
 namespace {
 
-// The same handle already open here: one more open of its pointer.
-bool Reopened(std::optional<uint64_t> again, CUdeviceptr* pointer) {
+// The same handle already open here: one more open of its pointer, or the
+// adoption of an open made ahead (nothing for an open ahead to do).
+bool Reopened(std::optional<uint64_t> again, const Opening& open, CUdeviceptr* pointer) {
   if (!again) return false;
-  stats::Count(stats::Counter::kReopens);
+  if (open.reopener.adopted)
+    stats::Count(stats::Counter::kOpensAdopted);
+  else if (!open.ahead)
+    stats::Count(stats::Counter::kReopens);
   *pointer = *again;
   return true;
 }
 
+// An open made ahead for another device than the application's is in the
+// way of its open: taken out, under the placement lock the caller holds.
+void DropAheadForOtherDevice(ImportSide& importer, const Opening& open) {
+  const ledger::CloseResult dropped = importer.DropAheadKey(open.key);
+  for (const ledger::MappedChunk& chunk : dropped.to_unmap)
+    if (!chunk.paused) UnmapChunk(chunk.target, chunk.size);
+  if (dropped.ours) stats::Count(stats::Counter::kOpensAheadDropped);
+}
+
 }  // namespace
+
+CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer) {
+  open->reopener = {};
+  open->reopener.ahead = open->ahead;
+  open->reopener.device = static_cast<int32_t>(open->device);
+  if (Reopened(importer.Reopen(open->key, &open->reopener), *open, pointer)) return CUDA_SUCCESS;
+  FollowedOpen followed(importer, open->handle);
+  VMMIPC_RETURN_IF_ERROR(FetchRun(followed, open));
+  // Placement and mapping: under the placement lock of the exporter's slot
+  // (of the exporter itself when it is unranked).
+  std::lock_guard<std::mutex> placement_lock(
+      importer.placement_mutex(open->handle.rank_slot, open->handle.pid));
+  // Another thread may have opened the same handle while this one fetched
+  // (the fetched fds then close unused), or opened it ahead.
+  std::optional<uint64_t> again;
+  VMMIPC_RETURN_IF_ERROR(followed.CatchUp(open, &again));
+  if (Reopened(again, *open, pointer)) return CUDA_SUCCESS;
+  // An open ahead of memory the exporter paused or changed while it was
+  // fetched is not made: its record would outlive a free it already heard
+  // of. Nor once its watch connection is gone: nothing would drop it (the
+  // watch client forgets the connection before it drops what was opened
+  // ahead under these placement locks).
+  if (open->ahead &&
+      (std::any_of(open->run.begin(), open->run.end(),
+                   [](const auto& chunk) { return chunk.paused || chunk.refused; }) ||
+       !importer.follow().Watches(WatchTag({open->handle.pid, open->handle.instance}))))
+    return CUDA_ERROR_ALREADY_MAPPED;
+  if (open->reopener.other_device) DropAheadForOtherDevice(importer, *open);
+  VMMIPC_RETURN_IF_ERROR(PlaceRun(importer, open));
+  VMMIPC_RETURN_IF_ERROR(MapRun(importer, open));
+  RecordOpen(importer, open);
+  *pointer = open->pointer();
+  return CUDA_SUCCESS;
+}
 
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsigned int flags,
                           bool v2) {
   Opening open;
   if (const std::optional<CUresult> done = DecodeOpen(pointer, raw, flags, v2, &open)) return *done;
   ImportSide& importer = Importer();
-  if (Reopened(importer.Reopen(open.key), pointer)) return CUDA_SUCCESS;
-  FollowedOpen followed(importer, open.handle);
-  VMMIPC_RETURN_IF_ERROR(FetchRun(followed, &open));
-  // Placement and mapping: under the placement lock of the exporter's slot
-  // (of the exporter itself when it is unranked).
-  std::lock_guard<std::mutex> placement_lock(
-      importer.placement_mutex(open.handle.rank_slot, open.handle.pid));
-  // Another thread may have opened the same handle while this one fetched
-  // (the fetched fds then close unused).
-  std::optional<uint64_t> again;
-  VMMIPC_RETURN_IF_ERROR(followed.CatchUp(&open, &again));
-  if (Reopened(again, pointer)) return CUDA_SUCCESS;
-  VMMIPC_RETURN_IF_ERROR(PlaceRun(importer, &open));
-  VMMIPC_RETURN_IF_ERROR(MapRun(importer, &open));
-  RecordOpen(importer, &open);
-  *pointer = open.pointer();
-  return CUDA_SUCCESS;
+  // Map ahead: no open ahead begins while this one is in progress.
+  AppOpenScope in_progress(importer.ahead());
+  return OpenDecoded(importer, &open, pointer);
 }
 
 CUresult IpcCloseMemHandle(CUdeviceptr pointer) {

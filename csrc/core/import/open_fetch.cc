@@ -4,6 +4,7 @@
 #include "core/handle_fields.h"
 #include "core/import/followed_open.h"
 #include "core/import/opening.h"
+#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -104,6 +105,9 @@ CUresult FetchRun(FollowedOpen& followed, Opening* open) {
                                    followed.follower(),
                                    static_cast<size_t>(params.warm_connections)};
   options.prefetch = followed.prefetch();
+  // Map ahead: the watch connection this fetch asks for also carries the
+  // exporter's announcements of the handles it hands out.
+  options.announce = followed.watch() && MapAheadOn();
   open->fetched = transport::FetchChunks(request, options);
   // An older vmmipc refused the prefetch flag (the fetch asked again
   // without it): never asked with it again.

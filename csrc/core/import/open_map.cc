@@ -85,20 +85,23 @@ void RecordOpen(ImportSide& importer, Opening* open) {
   record.zone_slot = open->placement.zone_slot;
   record.private_reservation = open->placement.private_reservation;
   record.private_reservation_size = open->placement.private_size;
-  importer.AddOpen(open->plan.mapped_now, record);
+  record.ahead = open->ahead;
+  record.device = static_cast<int32_t>(open->device);
+  if (!importer.AddOpen(open->plan.mapped_now, record)) return;  // ahead: open already
   for (const ledger::MappedChunk& chunk : open->plan.mapped_now) {
     stats::Count(stats::Counter::kChunksMapped);
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
   }
-  stats::Count(stats::Counter::kHandlesOpened);
+  stats::Count(open->ahead ? stats::Counter::kOpensAhead : stats::Counter::kHandlesOpened);
   if (open->fetched.watch.fd.valid())
     KeepWatch(importer, h.pid, h.instance, std::move(open->fetched.watch));
   const int64_t map_us = MicrosSince(open->map_start);
   VMMIPC_LOG_DEBUG(
-      "opened 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
+      "opened{} 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
       "({} {} us, answer {} us), place {} us, map {} us (import_map {} us, set_access {} us)",
-      h.address, h.pid, record.pointer, record.chunks.size(), open->plan.mapped_now.size(),
-      open->fetch_us, open->fetched.warm ? "warm connection" : "connect", open->fetched.connect_us,
+      open->ahead ? " ahead" : "", h.address, h.pid, record.pointer, record.chunks.size(),
+      open->plan.mapped_now.size(), open->fetch_us,
+      open->fetched.warm ? "warm connection" : "connect", open->fetched.connect_us,
       open->fetched.answer_us, open->place_us, map_us, open->import_and_map_us,
       map_us - open->import_and_map_us);
 }

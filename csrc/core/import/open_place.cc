@@ -85,6 +85,7 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
         open->place_us = MicrosSince(place_start);
         return CUDA_SUCCESS;
       case ImportSide::Claim::kOtherRun:
+        if (open->ahead) return CUDA_ERROR_ALREADY_MAPPED;  // the application's open says it
         return OtherRun(*open);
       case ImportSide::Claim::kCollision:
         stats::Count(stats::Counter::kSlotCollisions);
@@ -106,6 +107,10 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
         break;
     }
   }
+  // An open ahead goes only where the application's open would go for sure:
+  // its deterministic address. Else the application's open places it (and
+  // says why, once).
+  if (open->ahead) return CUDA_ERROR_ALREADY_MAPPED;
   SayBestEffort(*open, why_not, repeat);
   stats::Count(stats::Counter::kPlacementsBestEffort);
   Placement& placement = open->placement;

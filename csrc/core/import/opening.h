@@ -50,9 +50,13 @@ struct ImportedAhead {
 };
 
 struct Opening {
+  // Map ahead (VMMIPC_PREFETCH=3): opened by the ahead thread for an
+  // exporter's announcement, not by the application (core/import/open_ahead.cc).
+  bool ahead = false;
   // decode
   ledger::Vmm2Handle handle;
   ledger::OpenKey key;
+  ledger::Reopener reopener;  // who reopens, and whether it adopted an open made ahead
   CUdevice device = 0;
   uint64_t opened_address = 0;  // the exporter address whose image the open returns
   // fetch
@@ -118,5 +122,15 @@ CUresult MapRun(ImportSide& importer, Opening* open);
 // record: the open in the import table, its stats, the watch connection the
 // fetch brought (follow), and its debug line. Caller holds the placement lock.
 void RecordOpen(ImportSide& importer, Opening* open);
+
+// Every step after decode, in order (core/import/ipc_import.cc): the
+// application's open and an open ahead (open->ahead) alike. Takes the
+// placement lock itself.
+CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer);
+
+// Map ahead: opens the announced `handle` ahead of the application, on the
+// ahead thread (core/import/ahead_opens.h). Never throws; failures are
+// counted and said at debug level (the application's own open then does it).
+void OpenAhead(const AheadOpens::Handle& handle) noexcept;
 
 }  // namespace vmmipc::core

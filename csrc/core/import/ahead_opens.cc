@@ -1,0 +1,75 @@
+// The queue of announced handles and the thread that opens them ahead, in
+// the application's gaps (ahead_opens.h says the order).
+#include "core/import/ahead_opens.h"
+
+#include "common/log.h"
+#include "common/quiet_thread.h"
+
+namespace vmmipc::core {
+
+bool AheadOpens::Queue(const Handle& handle, OpenFn open) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_ || queue_.size() >= kMaxQueued) return false;
+  if (!thread_) {
+    try {
+      thread_ = StartQuietThread("vmmipc-ahead", [this, open] { Loop(open); });
+    } catch (...) {
+      return false;
+    }
+    if (!thread_) return false;
+  }
+  queue_.push_back(handle);
+  wake_.notify_one();
+  return true;
+}
+
+void AheadOpens::AppOpenEnds() {
+  // Read after the decrement (seq_cst): either the thread sees 0, or this
+  // sees its waiting flag and wakes it (ahead_opens.h).
+  if (app_opens_.fetch_sub(1) == 1 && waiting_.load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_one();
+  }
+}
+
+size_t AheadOpens::queued() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size();
+}
+
+void AheadOpens::Loop(OpenFn open) {
+  for (;;) {
+    Handle handle;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (!stop_ && app_opens_.load() != 0) {
+        // Only now are the application's opens told to wake this thread: an
+        // idle one costs them nothing.
+        waiting_.store(true);
+        VMMIPC_LOG_DEBUG(
+            "map ahead: {} announced handle(s) wait for the application's opens in progress",
+            queue_.size());
+        wake_.wait(lock, [&] { return stop_ || app_opens_.load() == 0; });
+        waiting_.store(false);
+      }
+      if (stop_) return;
+      handle = queue_.front();
+      queue_.pop_front();
+    }
+    open(handle);  // never throws (open_ahead.cc)
+  }
+}
+
+AheadOpens::~AheadOpens() {
+  std::unique_ptr<std::thread> thread;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    wake_.notify_all();
+    thread = std::move(thread_);
+  }
+  if (thread && thread->joinable()) thread->join();
+}
+
+}  // namespace vmmipc::core
