@@ -435,7 +435,7 @@ def check_set(ctx):
                  run=[Cmd(["bash", "tests/bench/run_registration.sh", "--bin", "{a2a_bin}",
                            "--lib", "{lib}", "--fetch-bin", "{fetch_bin}", "--out",
                            "{out}/registration", "--ranks", "2 4", "--rounds", "2", "--reps", "2",
-                           "--modes", "warm cold prefetch", "--budget-s", "110"], 130)]),
+                           "--modes", "warm ahead", "--budget-s", "110"], 130)]),
             # NIXL's UCX backend, two processes on GPU 0: one-sided READ and WRITE of PyTorch
             # tensors with expandable segments, with and without vmmipc, with pidfd_getfd refused
             # by a seccomp filter, and cudaMalloc memory as the reference; every byte checked.

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 
-MODES = ("warm", "cold", "prefetch")
+MODES = ("warm", "cold", "prefetch", "ahead")
 
 
 def median(values):
@@ -40,7 +40,7 @@ def main():
     runs = {}  # (n, mode) -> list of (config key -> config)
     failed = []
     for path in sorted(glob.glob(os.path.join(args.out, "reg-n*-*-r*.json"))):
-        m = re.match(r"reg-n(\d+)-(warm|cold|prefetch)-r(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"reg-n(\d+)-(warm|cold|prefetch|ahead)-r(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
         with open(path) as f:

@@ -8,13 +8,15 @@
 #   warm      the default (warm connections)
 #   cold      VMMIPC_WARM_CONNECTIONS=0: a new connection per open
 #   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2: fds (and their driver imports) ahead of the open
+#   ahead     VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3: map ahead (gets announced, opened ahead in the
+#             importers' gaps; the application's open adopts them)
 # tests/bench/registration_report.py then prints, per (N, K, size), the medians over the rounds
 # and the ratios to legacy and to the floor; and the vmmipc_fetch_bench line of the fetch alone
 # beside a bare round trip (the floor of a fetch on a kept connection).
 #
 # Usage: run_registration.sh --bin A2A_BIN --lib LIBVMMIPC --out DIR [--fetch-bin FETCH_BIN]
 #                            [--rounds R] [--reps R] [--budget-s S] [--ranks "2 4 8"]
-#                            [--modes "warm cold prefetch"] [--sizes 2MiB,20MiB]
+#                            [--modes "warm cold prefetch ahead"] [--sizes 2MiB,20MiB]
 #                            [--buffers 1,8,64] [--python PY]
 # Exit: 0 when every run saw right data; 1 otherwise (a missed ratio is a result, not a failure).
 set -u
@@ -52,8 +54,8 @@ DEADLINE=$((START + BUDGET))
 FAILED=0
 for mode in $MODES; do
   case $mode in
-    warm | cold | prefetch) ;;
-    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch)" >&2; exit 2 ;;
+    warm | cold | prefetch | ahead) ;;
+    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch, ahead)" >&2; exit 2 ;;
   esac
 done
 CLEAN_ENV=(-u VMMIPC_RANK -u LOCAL_RANK -u RANK -u VMMIPC_STATS -u VMMIPC_WARM_CONNECTIONS
@@ -76,6 +78,7 @@ run() {
   case $how in
     cold) mode=(VMMIPC_WARM_CONNECTIONS=0) ;;
     prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2) ;;
+    ahead) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3) ;;
   esac
   timeout -k 5 "$left" env "${CLEAN_ENV[@]}" "${mode[@]}" LD_PRELOAD="$LIB" "$BIN" \
     --ranks "$n" --gpus 1 --per-rank-buffers "$BUFFERS" --chunk-size "$SIZES" --floor \

@@ -8,6 +8,7 @@ every peer tensor, read each back, close), ROUNDS registrations in the same proc
   legacy    legacy IPC on cudaMalloc memory (expandable_segments:False), no vmmipc: the reference
   vmmipc    legacy IPC on expandable-segment (VMM) memory through vmmipc, its defaults
   prefetch  the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2 in both ranks
+  ahead     the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3 in both ranks (map ahead)
   sglang    SGLang's own VMM path (cuda_vmm_utils.py: POSIX fds over its own sockets, import and
             map at a fresh address), no vmmipc; needs --sglang-src
 
@@ -17,7 +18,7 @@ of the later ones (rounds 2..R, steady state), and the ratios to legacy. Exit 0 
 that ran passed its own checks (every peer tensor read right), 1 otherwise.
 
   sglang_registration.py --lib build/csrc/libvmmipc.so [--sglang-src DIR] [--reps 2]
-      [--rounds 6] [--tensors 64] [--tensor-mib 8] [--lanes legacy,vmmipc,prefetch,sglang]
+      [--rounds 6] [--tensors 64] [--tensor-mib 8] [--lanes legacy,vmmipc,prefetch,ahead,sglang]
       [--out DIR]
 """
 import argparse
@@ -30,7 +31,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "..", "frameworks", "sglang_vmm_path.py")
-LANES = ("legacy", "vmmipc", "prefetch", "sglang")
+LANES = ("legacy", "vmmipc", "prefetch", "ahead", "sglang")
 
 
 def lane_run(lane, args, out_dir, rep):
@@ -39,10 +40,12 @@ def lane_run(lane, args, out_dir, rep):
            if not k.startswith("VMMIPC_") and k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:%s" % (
         "False" if lane == "legacy" else "True")
-    if lane in ("vmmipc", "prefetch"):
+    if lane in ("vmmipc", "prefetch", "ahead"):
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
     if lane == "prefetch":
         env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="2")
+    if lane == "ahead":
+        env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="3")
     prefix = os.path.join(out_dir, "%s-rep%d" % (lane, rep))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + rep * 7 + LANES.index(lane)), HARNESS,
