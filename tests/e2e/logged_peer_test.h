@@ -322,6 +322,27 @@ class LoggedPeerTest : public ::testing::Test {
     return hex;
   }
 
+  // A one-chunk buffer an exporter handed out: its name there, its base, its
+  // handle, and the byte it is filled with.
+  struct HandedOutBuffer {
+    std::string name;
+    uint64_t base = 0;
+    std::string handle;
+    int seed = 0;
+  };
+
+  // Opens `b` in `importer` and checks its bytes; the pointer ("" on failure).
+  std::string OpenChecked(PeerProcess& importer, const HandedOutBuffer& b) {
+    const std::string ptr = Value(importer.Call("open " + b.handle));
+    EXPECT_FALSE(ptr.empty()) << b.name;
+    if (!ptr.empty()) {
+      EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(kChunk) + " " + std::to_string(b.seed)),
+                "ok")
+          << b.name;
+    }
+    return ptr;
+  }
+
   Resources Held(PeerProcess& p) {
     Resources r;
     r.fds = static_cast<int>(Num(Value(p.Call("fds"))));

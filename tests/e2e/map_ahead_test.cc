@@ -23,7 +23,6 @@
 namespace vmmipc::testing {
 namespace {
 
-
 class MapAhead : public LoggedPeerTest {
  protected:
   std::unique_ptr<PeerProcess> AheadPeer(const std::string& name, const std::string& rank,
@@ -35,12 +34,7 @@ class MapAhead : public LoggedPeerTest {
     return Peer(name, rank, env);
   }
 
-  struct Buffer {
-    std::string name;
-    uint64_t base = 0;
-    std::string handle;
-    int seed = 0;
-  };
+  using Buffer = HandedOutBuffer;
 
   // A one-chunk allocation of the exporter filled with `seed`, and its handle
   // (whose get announces it).
@@ -48,17 +42,6 @@ class MapAhead : public LoggedPeerTest {
     Buffer b{name, VmmBuffer(exporter, name, 1, seed), "", seed};
     b.handle = Handle(exporter, b.base);
     return b;
-  }
-
-  std::string OpenChecked(PeerProcess& importer, const Buffer& b) {
-    const std::string ptr = Value(importer.Call("open " + b.handle));
-    EXPECT_FALSE(ptr.empty()) << b.name;
-    if (!ptr.empty()) {
-      EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(kChunk) + " " + std::to_string(b.seed)),
-                "ok")
-          << b.name;
-    }
-    return ptr;
   }
 
   bool OpenedAhead(PeerProcess& importer, const Buffer& b, int ms = 5000) {

@@ -44,12 +44,7 @@ class Prefetch : public LoggedPeerTest {
     return Peer(name, rank, env);
   }
 
-  struct Buffer {
-    std::string name;
-    uint64_t base = 0;
-    std::string handle;
-    int seed = 0;
-  };
+  using Buffer = HandedOutBuffer;
 
   // `count` one-chunk allocations "a0", "a1", ... of the exporter, each
   // filled with its seed (i + 1), a handle got for each, and each chunk's
@@ -66,18 +61,6 @@ class Prefetch : public LoggedPeerTest {
       buffers.push_back(b);
     }
     return buffers;
-  }
-
-  // Opens `b` in `importer`, checks its bytes; the pointer ("" on failure).
-  std::string OpenChecked(PeerProcess& importer, const Buffer& b) {
-    const std::string ptr = Value(importer.Call("open " + b.handle));
-    EXPECT_FALSE(ptr.empty()) << b.name;
-    if (!ptr.empty()) {
-      EXPECT_EQ(importer.Call("check " + ptr + " " + Hex(kChunk) + " " + std::to_string(b.seed)),
-                "ok")
-          << b.name;
-    }
-    return ptr;
   }
 
   // The importer's first open of the exporter (it asks for the watch
