@@ -574,10 +574,11 @@ TEST_F(Follow, APauseWhileAnOpenMapsIsFollowedOnceTheOpenRecorded) {
   const std::string ha = Handle(*exporter, a), hc = Handle(*exporter, c);
   OpenCheckClose(*importer, hc, kChunk, 5);  // the watch connection, nothing left open
   const Resources baseline = Held(*importer);
+  const int sleeping = SleepingThreads(importer->pid());
   ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 1500"), "ok");
   ASSERT_EQ(importer->Call("open_bg " + ha + " a"), "ok");
   // In its delayed import: past its log, before its record.
-  ASSERT_TRUE(WaitUntil([&] { return SleepsInAThread(importer->pid()); }, 5000));
+  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(importer->pid()) > sleeping; }, 5000));
   EXPECT_EQ(exporter->Call("pause a"), "ok");
   const std::string pa = Value(importer->Call("open_bg_result a"));
   ASSERT_FALSE(pa.empty());

@@ -137,19 +137,21 @@ inline bool WaitsInPoll(pid_t pid, bool main_thread) {
   return polling;
 }
 
-// Whether a thread of `pid` other than its main one sleeps (nanosleep or
-// clock_nanosleep): where the simulator holds a delayed driver call.
-inline bool SleepsInAThread(pid_t pid) {
+// How many threads of `pid` other than its main one sleep (nanosleep or
+// clock_nanosleep): one more than before is where the simulator holds a
+// delayed driver call (a sanitizer's own background thread sleeps always:
+// compare with the count before the call).
+inline int SleepingThreads(pid_t pid) {
   const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
   DIR* d = opendir(tasks.c_str());
-  if (d == nullptr) return false;
-  bool sleeping = false;
+  if (d == nullptr) return 0;
+  int sleeping = 0;
   while (dirent* e = readdir(d)) {
     if (e->d_name[0] == '.' || std::to_string(pid) == e->d_name) continue;
     std::ifstream in(tasks + "/" + e->d_name + "/syscall");
     long number = -1;
     if (!(in >> number)) continue;  // "running"
-    sleeping = sleeping || number == SYS_clock_nanosleep || number == SYS_nanosleep;
+    if (number == SYS_clock_nanosleep || number == SYS_nanosleep) ++sleeping;
   }
   closedir(d);
   return sleeping;

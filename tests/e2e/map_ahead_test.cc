@@ -169,8 +169,15 @@ TEST_F(MapAhead, OpensAheadOfOneExporterStopAtTheirBound) {
                        10000));
   // 256 chunks of 2 MiB fill the first 512 MiB stretch of the slot, whose
   // anchor moves to the next stretch (where the ones past the bound go).
+  // Besides, the fetches of the opens ahead prefetch (as VMMIPC_PREFETCH=1)
+  // the fds of runs handed out meanwhile: of the 4 past the bound, those a
+  // fetch saw are held as fds (how many depends on when each was handed out).
   const Resources bound = PlusChunks(baseline, kBound);
-  EXPECT_EQ(Settled(*importer, bound), bound);
+  const Resources held = Settled(*importer, bound);
+  EXPECT_EQ(held.mappings, bound.mappings) << held;
+  EXPECT_EQ(held.allocations, bound.allocations) << held;
+  EXPECT_GE(held.fds, bound.fds) << held;
+  EXPECT_LE(held.fds, bound.fds + 4) << held;
   // The ones past the bound open the usual way; all of them close cleanly,
   // leaving an anchor in each of the two stretches (one more mapping of the
   // anchors' one allocation).
@@ -182,8 +189,13 @@ TEST_F(MapAhead, OpensAheadOfOneExporterStopAtTheirBound) {
   ++rest.mappings;
   EXPECT_EQ(Settled(*importer, rest), rest);
   const std::string report = Report(&importer);
-  EXPECT_EQ(StatsCounter(report, "opens_ahead"), static_cast<uint64_t>(kBound));
-  EXPECT_EQ(StatsCounter(report, "opens_adopted"), static_cast<uint64_t>(kBound));
+  // Once the application's opens took some over (and closed them), there is
+  // room again: an announcement still queued may be opened ahead in a gap
+  // between them. Every one opened ahead was adopted.
+  const uint64_t ahead = StatsCounter(report, "opens_ahead");
+  EXPECT_GE(ahead, static_cast<uint64_t>(kBound));
+  EXPECT_LE(ahead, static_cast<uint64_t>(kBound + 4));
+  EXPECT_EQ(StatsCounter(report, "opens_adopted"), ahead);
 }
 
 // The gap rule: an open of the application's is in progress (a second
@@ -195,11 +207,12 @@ TEST_F(MapAhead, AnOpenAheadNeverBeginsWhileAnOpenOfTheApplicationsIsInProgress)
   auto other = AheadPeer("other", "2", {{"VMMIPC_PREFETCH", "0"}});
   ASSERT_TRUE(exporter && importer && other);
   const Buffer b = HandOut(*other, "b", 7);
+  const int sleeping = SleepingThreads(importer->pid());
   ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 3000"), "ok");
   ASSERT_EQ(importer->Call("open_bg " + b.handle + " b"), "ok");
-  // Its open is in progress once a thread other than the main one sleeps in
-  // the simulator's delay (usleep: clock_nanosleep or nanosleep).
-  ASSERT_TRUE(WaitUntil([&] { return SleepsInAThread(importer->pid()); }, 5000));
+  // Its open is in progress once one more thread sleeps: in the simulator's
+  // delay (usleep: clock_nanosleep or nanosleep).
+  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(importer->pid()) > sleeping; }, 5000));
   const Buffer a1 = HandOut(*exporter, "a1", 11);
   ASSERT_TRUE(LogShows(*importer, "wait for the application's opens in progress", 5000))
       << "the announcement did not wait for the open in progress";
@@ -224,11 +237,12 @@ TEST_F(MapAhead, AnApplicationOpenThatMeetsAnOpenAheadOfItsHandleAdoptsIt) {
   auto [exporter, importer, baseline] = Follow();
   auto plain = AheadPeer("plain", "1", {{"VMMIPC_PREFETCH", "0"}});
   ASSERT_TRUE(exporter && importer && plain);
+  const int sleeping = SleepingThreads(importer->pid());
   ASSERT_EQ(importer->Call("inject_delay cuMemImportFromShareableHandle 1 1500"), "ok");
   const Buffer a1 = HandOut(*exporter, "a1", 11);
   ASSERT_TRUE(LogShows(*importer, "map ahead: opening " + Hex(a1.base), 5000));
   // The open ahead holds the placement lock, in its delayed import.
-  ASSERT_TRUE(WaitUntil([&] { return SleepsInAThread(importer->pid()); }, 5000));
+  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(importer->pid()) > sleeping; }, 5000));
   const std::string p = OpenChecked(*importer, a1);
   EXPECT_EQ(p, OpenChecked(*plain, a1));
   EXPECT_EQ(importer->Call("close " + p), "ok");
