@@ -3,9 +3,9 @@
 // the open of one of their handles needs no round trip (docs/protocol.md,
 // "Prefetch"; docs/security.md says what it widens). Its bounds, and whether
 // it is on; the exporter's half is core/export/serve_prefetch.cc, the
-// importer's core/import/import_prefetch.cc (kept, taken, dropped) and
-// core/import/import_ahead.cc (VMMIPC_PREFETCH=2); map ahead
-// (VMMIPC_PREFETCH=3) is core/export/announce.cc and core/import/ahead_opens.h.
+// importer's core/import/ahead/import_prefetch.cc (kept, taken, dropped) and
+// core/import/ahead/import_ahead.cc (VMMIPC_PREFETCH=2); map ahead
+// (VMMIPC_PREFETCH=3) is core/export/announce.cc and core/import/ahead/ahead_opens.h.
 #pragma once
 
 #include <cstddef>
@@ -32,12 +32,12 @@ inline bool PrefetchOn() {
   return params.prefetch != 0 && params.follow;
 }
 // VMMIPC_PREFETCH=2 (importer): kept chunks are imported into the driver on
-// a thread of the import side's ahead of their open (core/import/import_ahead.cc).
+// a thread of the import side's ahead of their open (core/import/ahead/import_ahead.cc).
 inline bool ImportAheadOn() { return PrefetchOn() && config::Get().prefetch == 2; }
 // VMMIPC_PREFETCH=3, map ahead: an exporter announces each handle it hands
 // out to the importers that follow it and asked (over their watch
 // connections); an importer opens announced handles ahead of its
-// application on a thread (core/import/ahead_opens.h, open_ahead.cc), so
+// application on a thread (core/import/ahead/ahead_opens.h, open_ahead.cc), so
 // that the application's open of one is a table lookup. Both sides set it.
 inline bool MapAheadOn() { return PrefetchOn() && config::Get().prefetch == 3; }
 

@@ -1,5 +1,5 @@
 // The import side's prefetched fds against follow's events
-// (core/import/import_prefetch.cc; the order in core/import/import_side.h):
+// (core/import/ahead/import_prefetch.cc; the order in core/import/import_side.h):
 // each interleaving of an open that keeps or takes a prefetched run with an
 // event about it, forced by making the calls in that order, as the open and
 // the follow thread make them. The follow thread's own order is: log the

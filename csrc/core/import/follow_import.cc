@@ -110,10 +110,7 @@ AckStatus FollowUnfollowed(ImportSide& importer, const ledger::ExporterId& expor
 size_t DropOpensAhead(ImportSide& importer, const ledger::ExporterId& exporter, uint64_t base,
                       bool all) {
   const ledger::CloseResult dropped = importer.DropAhead(exporter, base, all);
-  for (const ledger::MappedChunk& chunk : dropped.to_unmap)
-    if (!chunk.paused) UnmapChunk(chunk.target, chunk.size);
-  if (dropped.ours) {
-    stats::Count(stats::Counter::kOpensAheadDropped);
+  if (UnmapDroppedAhead(dropped)) {
     VMMIPC_LOG_DEBUG("map ahead: dropped what was opened ahead of pid {}{}: {} chunk(s) unmapped",
                      exporter.pid, all ? "" : fmt::format(" at 0x{:x}", base),
                      dropped.to_unmap.size());
@@ -191,7 +188,7 @@ size_t DropPrefetched(uint64_t tag, uint64_t base, bool all) {
 }
 
 // Map ahead: an exporter announced a handle it handed out. Queued for the
-// ahead thread (core/import/ahead_opens.h) when it names that exporter's
+// ahead thread (core/import/ahead/ahead_opens.h) when it names that exporter's
 // memory; acked at once either way (it asks for nothing).
 AckStatus OnAnnounce(uint64_t tag, const Event& event) noexcept {
   try {

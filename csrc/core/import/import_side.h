@@ -41,7 +41,7 @@
 //    its flight, and the follow thread drops what an event names after it
 //    logged the event for the opens in flight: either the open's log has
 //    the event, or the drop finds what the open kept
-//    (core/import/import_prefetch.cc).
+//    (core/import/ahead/import_prefetch.cc).
 #pragma once
 
 #include <condition_variable>
@@ -55,7 +55,7 @@
 #include <vector>
 
 #include "common/fork_lock.h"
-#include "core/import/ahead_opens.h"
+#include "core/import/ahead/ahead_opens.h"
 #include "core/import/import_follow.h"
 #include "core/prefetch.h"
 #include "ledger/handle_codec.h"
@@ -133,7 +133,7 @@ class ImportSide {
   ledger::CloseResult DropAheadKey(const ledger::OpenKey& key);
   ledger::AheadUse AheadOf(const ledger::ExporterId& exporter);
   // The announced handles waiting to be opened ahead, and the thread that
-  // opens them (core/import/ahead_opens.h).
+  // opens them (core/import/ahead/ahead_opens.h).
   AheadOpens& ahead() { return ahead_; }
   // The imported run holding `address`, for the range queries; false when
   // vmmipc did not map it.
@@ -155,7 +155,7 @@ class ImportSide {
   // Logs `event` for the opens of `exporter` in flight; false when none is.
   bool LogForOpensInFlight(const ledger::ExporterId& exporter, const ledger::FollowEvent& event);
 
-  // Prefetch (ledger::PrefetchedFds, core/import/import_prefetch.cc): the
+  // Prefetch (ledger::PrefetchedFds, core/import/ahead/import_prefetch.cc): the
   // run an open of a handle at `base` would fetch, taken out (empty: fetch).
   std::vector<ledger::PrefetchedChunk> TakePrefetched(const ledger::ExporterId& exporter,
                                                       uint64_t base, uint64_t size,
@@ -169,7 +169,7 @@ class ImportSide {
   // An exporter that refused the prefetch flag (an older vmmipc): asked without from then on.
   void NoPrefetchFrom(const ledger::ExporterId& exporter);
   bool PrefetchRefusedBy(const ledger::ExporterId& exporter);
-  // Import ahead (VMMIPC_PREFETCH=2, core/import/import_ahead.cc): one
+  // Import ahead (VMMIPC_PREFETCH=2, core/import/ahead/import_ahead.cc): one
   // thread, started by the first call, that imports the kept chunks' fds
   // with `import` (outside every lock) and keeps the handles with them (an
   // open that takes them maps those); one that went meanwhile has its handle

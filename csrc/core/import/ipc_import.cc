@@ -31,15 +31,6 @@ bool Reopened(std::optional<uint64_t> again, const Opening& open, CUdeviceptr* p
   return true;
 }
 
-// An open made ahead for another device than the application's is in the
-// way of its open: taken out, under the placement lock the caller holds.
-void DropAheadForOtherDevice(ImportSide& importer, const Opening& open) {
-  const ledger::CloseResult dropped = importer.DropAheadKey(open.key);
-  for (const ledger::MappedChunk& chunk : dropped.to_unmap)
-    if (!chunk.paused) UnmapChunk(chunk.target, chunk.size);
-  if (dropped.ours) stats::Count(stats::Counter::kOpensAheadDropped);
-}
-
 }  // namespace
 
 CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer) {
@@ -68,7 +59,9 @@ CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer) 
                    [](const auto& chunk) { return chunk.paused || chunk.refused; }) ||
        !importer.follow().Watches(WatchTag({open->handle.pid, open->handle.instance}))))
     return CUDA_ERROR_ALREADY_MAPPED;
-  if (open->reopener.other_device) DropAheadForOtherDevice(importer, *open);
+  // An open made ahead for another device than this one's is in the way:
+  // taken out (under this placement lock), and this open goes on as usual.
+  if (open->reopener.other_device) (void)UnmapDroppedAhead(importer.DropAheadKey(open->key));
   VMMIPC_RETURN_IF_ERROR(PlaceRun(importer, open));
   VMMIPC_RETURN_IF_ERROR(MapRun(importer, open));
   RecordOpen(importer, open);

@@ -51,7 +51,7 @@ struct ImportedAhead {
 
 struct Opening {
   // Map ahead (VMMIPC_PREFETCH=3): opened by the ahead thread for an
-  // exporter's announcement, not by the application (core/import/open_ahead.cc).
+  // exporter's announcement, not by the application (core/import/ahead/open_ahead.cc).
   bool ahead = false;
   // decode
   ledger::Vmm2Handle handle;
@@ -129,7 +129,7 @@ void RecordOpen(ImportSide& importer, Opening* open);
 CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer);
 
 // Map ahead: opens the announced `handle` ahead of the application, on the
-// ahead thread (core/import/ahead_opens.h). Never throws; failures are
+// ahead thread (core/import/ahead/ahead_opens.h). Never throws; failures are
 // counted and said at debug level (the application's own open then does it).
 void OpenAhead(const AheadOpens::Handle& handle) noexcept;
 

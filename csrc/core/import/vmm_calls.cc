@@ -8,6 +8,7 @@
 #include "common/log_limit.h"
 #include "config/params.h"
 #include "core/real.h"
+#include "core/stats.h"
 
 namespace vmmipc::core {
 namespace {
@@ -129,6 +130,13 @@ void UnmapChunk(uint64_t target, uint64_t size) {
   CUresult result = VMMIPC_REAL(MemUnmap, target, size);
   if (result != CUDA_SUCCESS)
     MappingFailed("cuMemUnmap(0x{:x}, 0x{:x}) failed: {}", target, size, driver::ErrorName(result));
+}
+
+bool UnmapDroppedAhead(const ledger::CloseResult& dropped) {
+  for (const ledger::MappedChunk& chunk : dropped.to_unmap)
+    if (!chunk.paused) UnmapChunk(chunk.target, chunk.size);
+  if (dropped.ours) stats::Count(stats::Counter::kOpensAheadDropped);
+  return dropped.ours;
 }
 
 }  // namespace vmmipc::core

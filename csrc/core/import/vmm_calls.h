@@ -37,5 +37,9 @@ void ReleaseImported(uint64_t handle);
 // stretch saves only the calls' own overhead.
 CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device);
 void UnmapChunk(uint64_t target, uint64_t size);
+// Map ahead: unmaps what a drop of records made ahead handed back (a paused
+// chunk has nothing mapped) and counts the drop; true when a record went.
+// Caller holds the placement locks of what was dropped.
+bool UnmapDroppedAhead(const ledger::CloseResult& dropped);
 
 }  // namespace vmmipc::core

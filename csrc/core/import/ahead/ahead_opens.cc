@@ -1,6 +1,6 @@
 // The queue of announced handles and the thread that opens them ahead, in
 // the application's gaps (ahead_opens.h says the order).
-#include "core/import/ahead_opens.h"
+#include "core/import/ahead/ahead_opens.h"
 
 #include "common/log.h"
 #include "common/quiet_thread.h"
@@ -30,11 +30,6 @@ void AheadOpens::AppOpenEnds() {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_one();
   }
-}
-
-size_t AheadOpens::queued() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return queue_.size();
 }
 
 void AheadOpens::Loop(OpenFn open) {

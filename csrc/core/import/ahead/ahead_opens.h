@@ -1,7 +1,7 @@
 // AheadOpens: the importer's half of map ahead (VMMIPC_PREFETCH=3). Its
 // exporters announce each handle their application hands out (the follow
 // thread queues them here); one thread opens them ahead of the application
-// (core/import/open_ahead.cc), so that the application's own open of the
+// (core/import/ahead/open_ahead.cc), so that the application's own open of the
 // handle finds it mapped and adopts it (ledger/import_table.h).
 //
 // The thread works only in the application's gaps: it starts an open ahead
@@ -49,8 +49,6 @@ class AheadOpens {
   // The application's open (its slow path) begins and ends.
   void AppOpenBegins() { app_opens_.fetch_add(1); }
   void AppOpenEnds();
-
-  size_t queued();
 
  private:
   void Loop(OpenFn open);
