@@ -48,10 +48,6 @@ ProcessState* Create() {
   log::SetRank(static_cast<int>(params.rank));
   // Once per process (and per forked child): what this process runs with.
   VMMIPC_LOG_INFO("{}", config::Describe(params));
-  if (params.prefetch && !params.follow)
-    VMMIPC_LOG_WARN(
-        "VMMIPC_PREFETCH=1 does nothing without VMMIPC_FOLLOW=1 (its events drop what was "
-        "prefetched when the exporter unmaps it); set both, in every process");
   auto* state = new ProcessState();  // never freed, on purpose
   state->identity.pid = static_cast<uint32_t>(getpid());
   NewIdentity(&state->identity);
@@ -68,12 +64,10 @@ ProcessState* Create() {
 // for any other thread inside them, and which the parent and the child
 // release after the fork. Taken in this order: the mapping table (the
 // exported-fd cache), the export keep-alive, the listener's watch list, the listener's
-// job queue, the watch client's connections, the importer's warm connections, its prefetched
-// fds. Each is held only to read or write what it guards, never across I/O, a driver call or
-// another lock, so its holder always leaves it, and no thread ever holds two: no order of taking
-// them can deadlock with one. (The prefetched fds' lock is taken inside the import table's lock,
-// which is no fork lock and which no forking thread holds: the fork still waits only for a
-// holder that is about to leave.) The other locks of the state (the listener's start, the warm-up,
+// job queue, the watch client's connections, the importer's warm connections. Each is held only
+// to read or write what it guards, never across I/O, a driver call or another lock, so its
+// holder always leaves it, and no thread ever holds two: no order of taking them can deadlock
+// with one. The other locks of the state (the listener's start, the warm-up,
 // placement, the driver's) are held across driver calls or I/O, and the child never touches what
 // they guard. A state created between BeforeFork and the fork has its fork locks untaken; their
 // ParentAfterFork and ChildAfterFork know it.
@@ -83,13 +77,11 @@ void BeforeFork() {
   state->exporter.PrepareFork();
   state->importer.follow().PrepareFork();
   transport::WarmConnectionsPrepareFork();
-  state->importer.PreparePrefetchFork();
 }
 
 void AfterForkInParent() {
   ProcessState* state = g_state.load(std::memory_order_acquire);
   if (state == nullptr) return;
-  state->importer.ParentPrefetchAfterFork();
   transport::WarmConnectionsParentAfterFork();
   state->importer.follow().ParentAfterFork();
   state->exporter.ParentAfterFork();
@@ -108,7 +100,6 @@ void AfterForkInChild() {
   if (old != nullptr) {
     old->exporter.AbandonAfterFork();
     old->importer.follow().AbandonAfterFork();
-    old->importer.ClosePrefetchedAfterFork();  // they keep its exporters' memory alive
   }
   Park(old);  // leaked, but reachable: leak checkers must not fail the child's exit
   new (&g_create_mutex) std::mutex();

@@ -16,11 +16,6 @@ struct ChunkGrant {
   uint64_t size = 0;        // bytes
   uint32_t generation = 0;  // the exporter's identity for the physical chunk
   ScopedFd fd;              // the shareable handle (CLOEXEC)
-  // Prefetched runs only (docs/protocol.md, "Prefetch"): the region base of
-  // the run (where the importer places it), and whether this chunk starts a
-  // run (the next chunks of a run follow it, contiguous).
-  uint64_t region_base = 0;
-  bool run_start = false;
 };
 
 // Why an exporter refused a request; travels on the wire as a u16. Declared

@@ -204,11 +204,10 @@ WireError ReadRequestFields(std::span<const uint8_t> message, Request* out) {
   if (preamble.version != kVersion) return WireError::kBadVersion;
   if (message.size() != kRequestSize) return WireError::kBadLength;
   const uint8_t* p = message.data();
-  // A watch request names the follower its connection is kept for, and a
-  // prefetch request the follower its extra runs are recorded for.
+  // A watch request names the follower its connection is kept for.
   // Announcements go on the watch connection: without one, none is asked.
   const uint16_t flags = Get16(p + 6);
-  const bool needs_follower = (flags & (kRequestFlagWatch | kRequestFlagPrefetch)) != 0;
+  const bool needs_follower = (flags & kRequestFlagWatch) != 0;
   const bool announce_alone =
       (flags & kRequestFlagAnnounce) != 0 && (flags & kRequestFlagWatch) == 0;
   if ((flags & ~kKnownRequestFlags) != 0 || Get16(p + 70) != 0 ||
@@ -233,8 +232,8 @@ uint32_t BatchCount(uint32_t total_chunks) {
 }
 
 std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
-                                 std::span<const ReplyEntry> entries, bool prefetch_layout) {
-  const size_t entry_size = prefetch_layout ? kPrefetchReplyEntrySize : kReplyEntrySize;
+                                 std::span<const ReplyEntry> entries) {
+  constexpr size_t entry_size = kReplyEntrySize;
   std::vector<uint8_t> out(kReplyHeaderSize + entries.size() * entry_size, 0);
   uint8_t* p = out.data();
   Put32(p + 0, kReplyMagic);
@@ -249,16 +248,15 @@ std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const Re
     Put64(e + 0, entries[i].address);
     Put64(e + 8, entries[i].size);
     Put32(e + 16, entries[i].generation);
-    Put32(e + 20, prefetch_layout ? static_cast<uint32_t>(entries[i].kind) : 0);
-    if (prefetch_layout) Put64(e + 24, entries[i].region_base);
+    Put32(e + 20, 0);  // the generation's upper half
   }
   Put64(p + 24, ReplyMac(key, nonce, out));
   return out;
 }
 
 WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
-                     ReplyHeader* header, std::vector<ReplyEntry>* entries, bool prefetch_layout) {
-  const size_t entry_size = prefetch_layout ? kPrefetchReplyEntrySize : kReplyEntrySize;
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries) {
+  constexpr size_t entry_size = kReplyEntrySize;
   if (message.size() < kReplyHeaderSize) return WireError::kTooShort;
   const uint8_t* p = message.data();
   if (Get32(p) != kReplyMagic) return WireError::kBadMagic;
@@ -295,13 +293,9 @@ WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const
   for (size_t i = 0; i < parsed.size(); ++i) {
     const uint8_t* e = p + kReplyHeaderSize + i * entry_size;
     // Generations are 32-bit (the handle's width); the wire keeps 64 bits
-    // for them, and a value past 32 is no generation an exporter made. In
-    // the prefetch layout the upper 32 bits say the entry's kind.
-    const uint32_t kind = Get32(e + 20);
-    if (kind > static_cast<uint32_t>(EntryKind::kPrefetchNext) || (kind != 0 && !prefetch_layout))
-      return WireError::kBadLayout;
-    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), Get32(e + 16), static_cast<EntryKind>(kind),
-                           prefetch_layout ? Get64(e + 24) : 0};
+    // for them, and a value past 32 is no generation an exporter made.
+    if (Get32(e + 20) != 0) return WireError::kBadLayout;
+    parsed[i] = ReplyEntry{Get64(e + 0), Get64(e + 8), Get32(e + 16)};
     if (parsed[i].size == 0 || parsed[i].address + parsed[i].size < parsed[i].address) {
       return WireError::kBadLayout;  // empty, or wraps around the address space
     }

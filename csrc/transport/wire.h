@@ -23,20 +23,18 @@ inline constexpr uint32_t kAckMagic = 0x4b414d56;      // bytes "VMAK"
 // the watch connection of the request's follower (events about chunks it was
 // granted: a pause or resume of a memory saver; docs/protocol.md, "Follow").
 inline constexpr uint16_t kRequestFlagWatch = 1;
-// kRequestFlagPrefetch: the importer takes, in this reply, the other runs the
-// exporter handed out handles for (docs/protocol.md, "Prefetch"); the reply's
-// entries then have the prefetch layout (kPrefetchReplyEntrySize). Only with
-// a follower id: the exporter records them as granted to it, and tells it
-// when it unmaps them. An older exporter refuses the bit (kBadRequest).
-inline constexpr uint16_t kRequestFlagPrefetch = 2;
+// Bit 2 (value 2) is retired: it asked for prefetched runs in a reply of
+// another layout (vmmipc before VMMIPC_AHEAD). This exporter refuses it as an
+// unknown flag (kBadRequest), and an importer of that vmmipc asks again
+// without it; this importer never sets it.
+inline constexpr uint16_t kRequestFlagRetiredPrefetch = 2;
 // kRequestFlagAnnounce: on a watch request only (alone, the request is
 // malformed), the importer asks to be told on the watch connection of every
 // handle the exporter hands out from then on (kAnnounce events; docs/
 // protocol.md, "Announcements"). An older exporter refuses the bit
 // (kBadRequest).
 inline constexpr uint16_t kRequestFlagAnnounce = 4;
-inline constexpr uint16_t kKnownRequestFlags =
-    kRequestFlagWatch | kRequestFlagPrefetch | kRequestFlagAnnounce;
+inline constexpr uint16_t kKnownRequestFlags = kRequestFlagWatch | kRequestFlagAnnounce;
 
 // The request's first 32 bytes (magic, version, flags, pid, reserved, nonce)
 // keep their layout in every version, so that a server can answer a request
@@ -45,16 +43,12 @@ inline constexpr size_t kRequestPreambleSize = 32;
 inline constexpr size_t kRequestSize = 80;
 inline constexpr size_t kReplyHeaderSize = 32;
 inline constexpr size_t kReplyEntrySize = 24;
-// A reply to a request with kRequestFlagPrefetch: each entry also says which
-// run it belongs to and that run's region base (where the importer places it).
-inline constexpr size_t kPrefetchReplyEntrySize = 32;
 // One fd per entry, so at most the kernel's SCM_MAX_FD (kMaxFdsPerMessage).
 inline constexpr size_t kMaxChunksPerBatch = 253;
 // Bound on one span, so that a reply cannot ask the client to hold an
 // unbounded number of fds and entries.
 inline constexpr uint32_t kMaxTotalChunks = 1u << 20;
-inline constexpr size_t kMaxReplySize =
-    kReplyHeaderSize + kMaxChunksPerBatch * kPrefetchReplyEntrySize;
+inline constexpr size_t kMaxReplySize = kReplyHeaderSize + kMaxChunksPerBatch * kReplyEntrySize;
 
 using Nonce = std::array<uint8_t, 16>;
 
@@ -139,36 +133,24 @@ struct ReplyHeader {
   uint32_t entry_count = 0;
 };
 
-// Which run a reply entry belongs to (prefetch layout only; always kRun in
-// the plain one).
-enum class EntryKind : uint8_t {
-  kRun = 0,            // the run of the handle the request named
-  kPrefetchStart = 1,  // the first chunk of another run the exporter handed out
-  kPrefetchNext = 2,   // the next chunk of that run (contiguous with the previous entry)
-};
-
 struct ReplyEntry {
   uint64_t address = 0;
   uint64_t size = 0;
-  uint32_t generation = 0;           // 64 bits on the wire (docs/protocol.md), 32 in the handle
-  EntryKind kind = EntryKind::kRun;  // prefetch layout: the generation's upper 32 bits
-  uint64_t region_base = 0;          // prefetch layout only: the run's region base
+  uint32_t generation = 0;  // 64 bits on the wire (docs/protocol.md), 32 in the handle
 };
 
 // Number of messages a reply of `total_chunks` chunks takes (1 for a refusal).
 uint32_t BatchCount(uint32_t total_chunks);
 
 // One reply message. For a refusal pass status != 0, total 0, batch 0 of 1,
-// no entries. `prefetch_layout`: entries of kPrefetchReplyEntrySize (the
-// request had kRequestFlagPrefetch); else of kReplyEntrySize, kind kRun only.
+// no entries.
 std::vector<uint8_t> EncodeReply(const Nonce& nonce, const SipKey& key, const ReplyHeader& header,
-                                 std::span<const ReplyEntry> entries, bool prefetch_layout = false);
+                                 std::span<const ReplyEntry> entries);
 // Checks in this order: size, magic, version (header filled from here on),
 // MAC, then length and layout; entries filled only on kOk. On kBadMac the
 // header is still filled, so that the caller can see what the record claims.
 WireError ParseReply(std::span<const uint8_t> message, const Nonce& nonce, const SipKey& key,
-                     ReplyHeader* header, std::vector<ReplyEntry>* entries,
-                     bool prefetch_layout = false);
+                     ReplyHeader* header, std::vector<ReplyEntry>* entries);
 
 // Events on a watch connection, exporter to importer, and their acks. Both
 // are MAC'd under the key of the request that opened the connection and its

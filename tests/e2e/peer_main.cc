@@ -17,8 +17,7 @@
 // (graph_capture, graph_launch; real driver only); the follow-holder tests
 // (follow_holders_test.cc) watch an exporter without the library, to see
 // every event it sends (raw_watch, raw_events, raw_ack, raw_watches: raw_follower.h).
-// The prefetch tests (prefetch_test.cc) count the memfds a forked child keeps
-// (fork_memfds) and fetch with the prefetch flag (raw_fetch ... prefetch).
+// fork_memfds counts the memfds a forked child keeps.
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>

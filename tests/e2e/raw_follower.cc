@@ -86,18 +86,14 @@ class RawFollower {
 
   // A fetch without the watch flag under `follower`: the follower holds the
   // chunks too (its watch connection, if any, hears of them).
-  // With `prefetch`, the request carries the prefetch flag, and the answer
-  // also says how many prefetched chunks came ("ok CHUNKS PREFETCHED"); all kept.
-  std::string FetchHeld(const std::string& hex, uint32_t follower, bool prefetch = false) {
+  std::string FetchHeld(const std::string& hex, uint32_t follower) {
     transport::FetchRequest request;
     if (!Request(hex, &request)) return "err not a VMM2 handle";
-    transport::FetchResult fetched = Fetch(request, follower, /*watch=*/false, prefetch);
+    transport::FetchResult fetched = Fetch(request, follower, /*watch=*/false);
     if (fetched.status != transport::FetchStatus::kOk)
       return std::string("err ") + transport::FetchStatusName(fetched.status);
     for (transport::ChunkGrant& chunk : fetched.chunks) granted_.push_back(std::move(chunk.fd));
-    for (transport::ChunkGrant& chunk : fetched.prefetched) granted_.push_back(std::move(chunk.fd));
-    return "ok " + std::to_string(fetched.chunks.size()) +
-           (prefetch ? " " + std::to_string(fetched.prefetched.size()) : "");
+    return "ok " + std::to_string(fetched.chunks.size());
   }
 
   // `count` watch fetches of one handle under followers first, first + 1, ...
@@ -157,11 +153,10 @@ class RawFollower {
   }
 
   static transport::FetchResult Fetch(const transport::FetchRequest& request, uint32_t follower,
-                                      bool watch = true, bool prefetch = false) {
+                                      bool watch = true) {
     const char* dir = std::getenv("VMMIPC_SOCKET_DIR");
-    transport::ClientOptions options{dir != nullptr ? dir : "", Timeout::Ms(TimeoutMs()), watch,
-                                     follower};
-    options.prefetch = prefetch;
+    const transport::ClientOptions options{dir != nullptr ? dir : "", Timeout::Ms(TimeoutMs()),
+                                           watch, follower};
     return transport::FetchChunks(request, options);
   }
 
@@ -252,9 +247,8 @@ bool RawFollowerCommand(const std::vector<std::string>& a, std::string* reply) {
   } else if (a[0] == "raw_watches") {  // hex first count
     *reply = Follower().WatchMany(a.at(1), static_cast<uint32_t>(std::stoul(a.at(2), nullptr, 0)),
                                   std::stoi(a.at(3)));
-  } else if (a[0] == "raw_fetch") {  // hex follower [prefetch]
-    *reply = Follower().FetchHeld(a.at(1), static_cast<uint32_t>(std::stoul(a.at(2), nullptr, 0)),
-                                  a.size() > 3 && a[3] == "prefetch");
+  } else if (a[0] == "raw_fetch") {  // hex follower
+    *reply = Follower().FetchHeld(a.at(1), static_cast<uint32_t>(std::stoul(a.at(2), nullptr, 0)));
   } else if (a[0] == "raw_ack") {
     *reply = Follower().Ack();
   } else if (a[0] == "raw_events") {

@@ -20,9 +20,7 @@
 // a deterministic stand-in for one that is slow). `raw_ack` acks "done"
 // every event logged and not acked yet. `raw_fetch HEX FOLLOWER` fetches a
 // handle without the watch flag under that follower id (its chunks are then
-// the follower's too), keeping the fds; `raw_fetch HEX FOLLOWER prefetch`
-// sets the prefetch flag too and answers "ok CHUNKS PREFETCHED", keeping
-// the prefetched fds as well.
+// the follower's too), keeping the fds.
 //
 // `raw_watches HEX FIRST COUNT` makes COUNT watch fetches of the handle, the
 // i-th with follower id FIRST + i, each on a connection of its own, and

@@ -1157,118 +1157,30 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
   ExpectNoFdLeak();
 }
 
-// A client that asks for prefetched runs (under follower id 5).
-ClientOptions PrefetchClient() {
-  ClientOptions client = Client();
-  client.follower = 5;
-  client.prefetch = true;
-  return client;
-}
-
-// Prefetch: what the handler prefetched goes after the handle's run, to a
-// request that asked, each chunk with its run's start and region base; to one
-// that did not ask, nothing of it.
-TEST_F(TransportListener, PrefetchedRunsGoOnlyToARequestThatAsked) {
+// A request with the retired prefetch flag (an importer of an older vmmipc
+// that asked for prefetched runs) is refused as a bad request, verified
+// under the handle's key, so that such an importer asks again without it
+// (as it does for any exporter that does not know the flag).
+TEST_F(TransportListener, TheRetiredPrefetchFlagIsRefusedAsABadRequest) {
   const uint32_t pid = FakePid();
   {
-    std::vector<bool> asked;
-    auto listener = MustStart(Options(pid), [&](const ServeRequest& r) {
-      asked.push_back(r.prefetch);
-      ServeReply reply = ChunksHandler(1)(r);
-      for (int i = 0; i < 3; ++i) {
-        ChunkGrant g;
-        g.address = kBase + (i == 2 ? 8 : 2 + i) * kChunk;
-        g.size = kChunk;
-        g.generation = 9;
-        g.fd = Memfd(static_cast<uint32_t>(2000 + i));
-        g.region_base = i == 2 ? kBase + 8 * kChunk : kBase + 2 * kChunk;
-        g.run_start = i != 1;
-        reply.prefetched.push_back(std::move(g));
-      }
-      return reply;
-    });
+    auto listener = MustStart(Options(pid), ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
-    FetchResult result = FetchChunks(Request(pid), PrefetchClient());
-    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
-    ASSERT_EQ(result.chunks.size(), 1u);
-    ASSERT_EQ(result.prefetched.size(), 3u);
-    EXPECT_EQ(result.prefetched[0].address, kBase + 2 * kChunk);
-    EXPECT_TRUE(result.prefetched[0].run_start);
-    EXPECT_FALSE(result.prefetched[1].run_start);
-    EXPECT_TRUE(result.prefetched[2].run_start);
-    EXPECT_EQ(result.prefetched[1].region_base, kBase + 2 * kChunk);
-    EXPECT_EQ(result.prefetched[2].region_base, kBase + 8 * kChunk);
-    EXPECT_EQ(TagOf(result.prefetched[1].fd.get()), 2001u);
-
-    // Without the flag: the handle's run only.
-    FetchResult plain = FetchChunks(Request(pid), Client());
-    ASSERT_EQ(plain.status, FetchStatus::kOk) << plain.detail;
-    EXPECT_EQ(plain.chunks.size(), 1u);
-    EXPECT_TRUE(plain.prefetched.empty());
-    EXPECT_EQ(asked, (std::vector<bool>{true, false}));
+    const SocketAddress address = AbstractAddress(pid);
+    auto with_flags = [](uint16_t flags) {
+      return [flags](std::vector<uint8_t>* b) {
+        wire::Request request;
+        ASSERT_TRUE(wire::PeekRequestFields(*b, &request));
+        request.flags = flags;
+        request.follower = 5;
+        const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
+        b->assign(again.begin(), again.end());
+      };
+    };
+    EXPECT_EQ(RawExchange(address, pid, with_flags(wire::kRequestFlagRetiredPrefetch)),
+              static_cast<int>(RefuseReason::kBadRequest));
+    EXPECT_EQ(RawExchange(address, pid, with_flags(0)), 0);
   }
-  ExpectNoFdLeak();
-}
-
-// A handler whose prefetched chunks overlap the handle's run, or continue no
-// run, is refused as internal: nothing of it is sent.
-TEST_F(TransportListener, InvalidPrefetchedRunsAreRefusedAsInternal) {
-  for (int bad = 0; bad < 2; ++bad) {
-    const uint32_t pid = FakePid();
-    {
-      auto listener = MustStart(Options(pid), [&](const ServeRequest& r) {
-        ServeReply reply = ChunksHandler(1)(r);
-        ChunkGrant g;
-        g.address = bad == 0 ? kBase : kBase + 4 * kChunk;  // overlaps, or starts nothing
-        g.size = kChunk;
-        g.fd = Memfd(3000);
-        g.run_start = bad == 0;
-        reply.prefetched.push_back(std::move(g));
-        return reply;
-      });
-      ASSERT_NE(listener, nullptr);
-      FetchResult result = FetchChunks(Request(pid), PrefetchClient());
-      EXPECT_EQ(result.status, FetchStatus::kRefused);
-      EXPECT_EQ(result.refuse, RefuseReason::kInternal);
-      EXPECT_TRUE(result.prefetched.empty() && result.chunks.empty());
-    }
-  }
-  ExpectNoFdLeak();
-}
-
-// An older exporter does not know the prefetch flag and refuses it as a bad
-// request (verified, under the handle's key): the client asks again without
-// it, on a new connection, and is served; the result says so.
-TEST_F(TransportListener, AnOlderExporterThatRefusesThePrefetchFlagIsAskedAgainWithout) {
-  const uint32_t pid = FakePid();
-  ScopedFd original = Memfd(4);
-  std::vector<uint16_t> flags;
-  {
-    int calls = 0;
-    ScriptedServer server(
-        pid,
-        [&](int fd, const wire::RequestPreamble& request) {
-          if (calls++ == 0) {  // the flag: a bad request to an older vmmipc
-            wire::ReplyHeader h;
-            h.status = static_cast<uint16_t>(RefuseReason::kBadRequest);
-            h.batch_count = 1;
-            SendReply(fd, request.nonce, GenuineKey(pid), h, {}, {});
-            return;
-          }
-          SendReply(fd, request.nonce, GenuineKey(pid), GrantHeader(1), {{kBase, kChunk, 7}},
-                    {original.get()});
-        },
-        2, &flags);
-    FetchResult result = FetchChunks(Request(pid), PrefetchClient());
-    ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
-    EXPECT_TRUE(result.prefetch_refused);
-    EXPECT_EQ(result.chunks.size(), 1u);
-    EXPECT_TRUE(result.prefetched.empty());
-  }
-  ASSERT_EQ(flags.size(), 2u);
-  EXPECT_EQ(flags[0], wire::kRequestFlagPrefetch);
-  EXPECT_EQ(flags[1], 0) << "asked again with the flag";
-  original.Reset();
   ExpectNoFdLeak();
 }
 
@@ -1288,25 +1200,22 @@ ScriptedServer::Script OlderExporter(uint32_t pid, uint16_t unknown,
       return;
     }
     const std::vector<wire::ReplyEntry> entries = {{kBase, kChunk, 7}};
-    const auto bytes = wire::EncodeReply(request.nonce, GenuineKey(pid), GrantHeader(1), entries,
-                                         (asked & wire::kRequestFlagPrefetch) != 0);
+    const auto bytes = wire::EncodeReply(request.nonce, GenuineKey(pid), GrantHeader(1), entries);
     const int fds[1] = {fd};
     EXPECT_TRUE(SendMessage(conn, bytes, fds, Deadline::AfterMs(1000)).ok());
   };
 }
 
-// A following client that asks for announcements (and prefetch, if told).
-ClientOptions AnnounceClient(bool prefetch) {
+// A following client that asks for announcements.
+ClientOptions AnnounceClient() {
   ClientOptions client = Client();
   client.watch = true;
   client.follower = 5;
   client.announce = true;
-  client.prefetch = prefetch;
   return client;
 }
 
 constexpr uint16_t kWatch = wire::kRequestFlagWatch;
-constexpr uint16_t kPrefetch = wire::kRequestFlagPrefetch;
 constexpr uint16_t kAnnounce = wire::kRequestFlagAnnounce;
 
 // An exporter that does not know the announce flag refuses it: the client
@@ -1317,41 +1226,13 @@ TEST_F(TransportListener, AnOlderExporterThatRefusesTheAnnounceFlagIsAskedAgainW
   std::vector<uint16_t> flags;
   {
     ScriptedServer server(pid, OlderExporter(pid, kAnnounce, &flags, original.get()), 2, &flags);
-    FetchResult result = FetchChunks(Request(pid), AnnounceClient(false));
+    FetchResult result = FetchChunks(Request(pid), AnnounceClient());
     ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
     EXPECT_TRUE(result.announce_refused);
-    EXPECT_FALSE(result.prefetch_refused);
     EXPECT_TRUE(result.watch.fd.valid());
     EXPECT_EQ(result.chunks.size(), 1u);
   }
   EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kAnnounce, kWatch}));
-  original.Reset();
-  ExpectNoFdLeak();
-}
-
-// The newer flag goes first: an exporter that knows prefetch but not
-// announcements keeps prefetching; one that knows neither is asked a third
-// time, without both, and both are said refused.
-TEST_F(TransportListener, AnExporterThatKnowsPrefetchButNotAnnouncementsKeepsPrefetching) {
-  ScopedFd original = Memfd(4);
-  for (const bool knows_prefetch : {true, false}) {
-    const uint32_t pid = FakePid();
-    std::vector<uint16_t> flags;
-    const uint16_t unknown = knows_prefetch ? kAnnounce : kAnnounce | kPrefetch;
-    {
-      ScriptedServer server(pid, OlderExporter(pid, unknown, &flags, original.get()),
-                            knows_prefetch ? 2 : 3, &flags);
-      FetchResult result = FetchChunks(Request(pid), AnnounceClient(true));
-      ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
-      EXPECT_TRUE(result.announce_refused);
-      EXPECT_EQ(result.prefetch_refused, !knows_prefetch);
-    }
-    if (knows_prefetch)
-      EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kPrefetch | kAnnounce, kWatch | kPrefetch}));
-    else
-      EXPECT_EQ(flags, (std::vector<uint16_t>{kWatch | kPrefetch | kAnnounce, kWatch | kPrefetch,
-                                              kWatch}));
-  }
   original.Reset();
   ExpectNoFdLeak();
 }
@@ -1365,7 +1246,7 @@ TEST_F(TransportListener, TheAnnounceFlagWithoutTheWatchFlagIsABadRequest) {
   {
     const uint32_t pid = FakePid();
     ScriptedServer server(pid, OlderExporter(pid, 0, &flags, original.get()), 1, &flags);
-    ClientOptions client = AnnounceClient(false);
+    ClientOptions client = AnnounceClient();
     client.watch = false;
     const FetchResult result = FetchChunks(Request(pid), client);
     ASSERT_EQ(result.status, FetchStatus::kOk) << result.detail;
@@ -1389,8 +1270,6 @@ TEST_F(TransportListener, TheAnnounceFlagWithoutTheWatchFlagIsABadRequest) {
     };
     EXPECT_EQ(RawExchange(address, pid, with_flags(kAnnounce)),
               static_cast<int>(RefuseReason::kBadRequest));
-    EXPECT_EQ(RawExchange(address, pid, with_flags(kAnnounce | kPrefetch)),
-              static_cast<int>(RefuseReason::kBadRequest));
     EXPECT_EQ(RawExchange(address, pid, with_flags(kWatch | kAnnounce)), 0);
   }
   original.Reset();
@@ -1407,10 +1286,10 @@ TEST_F(TransportListener, AWatchThatAskedForAnnouncementsIsSentThem) {
     options.keep_watchers = true;
     auto listener = MustStart(options, ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
-    FetchResult asked = FetchChunks(Request(pid), AnnounceClient(false));
+    FetchResult asked = FetchChunks(Request(pid), AnnounceClient());
     ASSERT_EQ(asked.status, FetchStatus::kOk) << asked.detail;
     EXPECT_FALSE(asked.announce_refused);
-    ClientOptions plain = AnnounceClient(false);
+    ClientOptions plain = AnnounceClient();
     plain.follower = 6;
     plain.announce = false;
     FetchResult not_asked = FetchChunks(Request(pid), plain);

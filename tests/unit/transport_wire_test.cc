@@ -446,61 +446,33 @@ TEST(TransportWire, AGenerationPast32BitsIsMalformed) {
   EXPECT_EQ(ParseEvent(event, SampleNonce(), kKey, &parsed), WireError::kOk);
 }
 
-// Prefetch: a reply to a request with the prefetch flag carries, per entry,
-// its kind and its run's region base; the plain layout admits only kRun.
-TEST(TransportWire, PrefetchLayoutCarriesKindAndRegionBase) {
-  std::vector<ReplyEntry> entries = Entries(4);
-  entries[1].kind = EntryKind::kPrefetchStart;
-  entries[1].region_base = 0x500000000000ULL;
-  entries[2].kind = EntryKind::kPrefetchNext;
-  entries[2].region_base = 0x500000000000ULL;
-  entries[3].kind = EntryKind::kPrefetchStart;
-  entries[3].region_base = 0x600000000000ULL;
-  const auto bytes = EncodeReply(SampleNonce(), kKey, Header(0, 4, 0, 1), entries, true);
-  ASSERT_EQ(bytes.size(), kReplyHeaderSize + 4 * kPrefetchReplyEntrySize);
-  ReplyHeader h;
-  std::vector<ReplyEntry> out;
-  ASSERT_EQ(ParseReply(bytes, SampleNonce(), kKey, &h, &out, true), WireError::kOk);
-  ASSERT_EQ(out.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(out[i].address, entries[i].address);
-    EXPECT_EQ(out[i].generation, entries[i].generation);
-    EXPECT_EQ(out[i].kind, entries[i].kind);
-    EXPECT_EQ(out[i].region_base, i == 0 ? 0u : entries[i].region_base);
-  }
-  // Read with the other layout, the length does not match.
-  EXPECT_EQ(ParseReply(bytes, SampleNonce(), kKey, &h, &out), WireError::kBadLength);
-  // The plain layout never carries a kind: one there is malformed.
+// A reply entry's upper generation half is zero: anything else (the entry
+// kinds of the retired prefetch layout among them) is malformed.
+TEST(TransportWire, AReplyEntryWithTheUpperGenerationHalfSetIsMalformed) {
+  const std::vector<ReplyEntry> entries = Entries(4);
   auto plain = EncodeReply(SampleNonce(), kKey, Header(0, 4, 0, 1), entries);
   ASSERT_EQ(plain.size(), kReplyHeaderSize + 4 * kReplyEntrySize);
+  ReplyHeader h;
+  std::vector<ReplyEntry> out;
   EXPECT_EQ(ParseReply(plain, SampleNonce(), kKey, &h, &out), WireError::kOk);
-  for (const ReplyEntry& e : out) EXPECT_EQ(e.kind, EntryKind::kRun);
   plain[kReplyHeaderSize + 20] = 1;
   ResealReplyForTesting(plain, SampleNonce(), kKey);
   EXPECT_EQ(ParseReply(plain, SampleNonce(), kKey, &h, &out), WireError::kBadLayout);
-  // A kind this version does not know is malformed.
-  auto unknown = EncodeReply(SampleNonce(), kKey, Header(0, 4, 0, 1), entries, true);
-  unknown[kReplyHeaderSize + 20] = 3;
-  ResealReplyForTesting(unknown, SampleNonce(), kKey);
-  EXPECT_EQ(ParseReply(unknown, SampleNonce(), kKey, &h, &out, true), WireError::kBadLayout);
   EXPECT_LE(kMaxReplySize, 8192u);
 }
 
-// The prefetch flag round-trips, and names a follower (the exporter records
-// the extra runs under it): without one the request is malformed.
-TEST(TransportWire, PrefetchFlagNeedsAFollower) {
+// The retired prefetch flag (bit 2) is no flag of this version: a request
+// that sets it is malformed, with or without a follower.
+TEST(TransportWire, TheRetiredPrefetchFlagIsMalformed) {
   Request r = SampleRequest();
-  r.flags = kRequestFlagPrefetch;
+  r.flags = kRequestFlagRetiredPrefetch;
   r.follower = 9;
   Request out;
-  ASSERT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk);
-  EXPECT_EQ(out.flags, kRequestFlagPrefetch);
-  EXPECT_EQ(out.follower, 9u);
-  r.follower = 0;
   EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved);
   r.flags = 8;  // no such flag
-  r.follower = 9;
   EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved);
+  r.flags = 0;
+  EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk);
 }
 
 Event SampleAnnounce() {
@@ -516,13 +488,14 @@ TEST(TransportWire, TheAnnounceFlagGoesOnlyWithTheWatchFlag) {
   Request r = SampleRequest();
   r.follower = 9;
   Request out;
-  for (const int flags : {kRequestFlagWatch | kRequestFlagAnnounce,
-                          kRequestFlagWatch | kRequestFlagPrefetch | kRequestFlagAnnounce}) {
+  for (const int flags : {kRequestFlagWatch | kRequestFlagAnnounce}) {
     r.flags = static_cast<uint16_t>(flags);
     ASSERT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kOk) << flags;
     EXPECT_EQ(out.flags, flags);
   }
-  for (const int flags : {kRequestFlagAnnounce | 0, kRequestFlagPrefetch | kRequestFlagAnnounce}) {
+  for (const int flags :
+       {kRequestFlagAnnounce | 0, kRequestFlagRetiredPrefetch | kRequestFlagAnnounce,
+        kRequestFlagWatch | kRequestFlagRetiredPrefetch | kRequestFlagAnnounce}) {
     r.flags = static_cast<uint16_t>(flags);
     EXPECT_EQ(ParseRequest(Encoded(r), kSecret, &out), WireError::kBadReserved) << flags;
   }

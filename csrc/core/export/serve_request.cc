@@ -43,7 +43,6 @@ transport::ServeReply Serve(const transport::ServeRequest& request) {
                                                  HoldRun(exporter, &serving)
                                            : DescribeRun(&serving);
   if (!served) return std::move(serving.reply);  // nothing of it is sent (counted when sent)
-  PrefetchRuns(exporter, &serving);
   stats::Count(stats::Counter::kRequestsServed);
   stats::Count(stats::Counter::kChunksServed, serving.reply.chunks.size());
   VMMIPC_LOG_DEBUG("served 0x{:x} to {}: {} chunks in {} us", request.address,

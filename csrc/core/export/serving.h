@@ -58,11 +58,6 @@ bool GrantRun(ExportSide& exporter, Serving* serving);
 // the requester as a holder of each chunk in the same step.
 bool HoldRun(ExportSide& exporter, Serving* serving);
 
-// prefetch (the request asked, VMMIPC_PREFETCH and follow on): after hold,
-// the other runs handles were handed out for, each recorded as held by the
-// request's follower in the same step (core/export/serve_prefetch.cc).
-void PrefetchRuns(ExportSide& exporter, Serving* serving);
-
 // describe: memory vmmipc did not see mapped (made before it was loaded),
 // described by the driver, exported per request, and re-checked chunk by
 // chunk at the end.

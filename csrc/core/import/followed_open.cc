@@ -6,7 +6,6 @@
 
 #include "core/import/follow_import.h"
 #include "core/import/vmm_calls.h"
-#include "core/prefetch.h"
 #include "core/stats.h"
 
 namespace vmmipc::core {
@@ -38,53 +37,7 @@ std::vector<ledger::FetchedChunk> ApplyMissed(const std::vector<ledger::FollowEv
   return run;
 }
 
-// Import ahead: on the import side's thread, in the context the follow
-// thread uses (the importer's, from its first kept watch connection).
-bool ImportOnPrefetchThread(int fd, uint64_t* handle) {
-  UseFollowContext(Importer());
-  return ImportAhead(fd, handle);
-}
-
-// The prefetched runs of a reply, run by run, each chunk with its run's end.
-std::vector<std::vector<ledger::PrefetchedChunk>> PrefetchedRuns(
-    std::vector<transport::ChunkGrant>* grants) {
-  std::vector<std::vector<ledger::PrefetchedChunk>> runs;
-  for (transport::ChunkGrant& grant : *grants) {
-    if (grant.run_start || runs.empty()) runs.emplace_back();
-    runs.back().push_back(
-        {grant.address, grant.size, grant.generation, grant.region_base, 0, std::move(grant.fd)});
-  }
-  for (auto& run : runs)
-    for (auto& chunk : run) chunk.run_end = run.back().address + run.back().size;
-  grants->clear();
-  return runs;
-}
-
 }  // namespace
-
-bool FollowedOpen::TakePrefetched(Opening* open) const {
-  if (!PrefetchOn() || follower_ == 0 || watch_) return false;
-  const ledger::Vmm2Handle& h = open->handle;
-  std::vector<ledger::PrefetchedChunk> run =
-      importer_.TakePrefetched(exporter_, h.chunk_base, h.chunk_size, h.generation, h.region_base);
-  if (run.empty()) return false;
-  open->fetched = transport::FetchResult();
-  open->fetched.status = transport::FetchStatus::kOk;
-  open->fetched.verified = true;
-  for (ledger::PrefetchedChunk& chunk : run) {
-    transport::ChunkGrant grant;
-    grant.address = chunk.address;
-    grant.size = chunk.size;
-    grant.generation = chunk.generation;
-    grant.fd = std::move(chunk.fd);
-    if (chunk.imported != 0) open->imported.by_fd[grant.fd.get()] = chunk.imported;
-    open->fetched.chunks.push_back(std::move(grant));
-  }
-  stats::Count(stats::Counter::kOpensPrefetched);
-  VMMIPC_LOG_DEBUG("prefetch: 0x{:x} of pid {}: its run of {} chunk(s) was prefetched, no fetch",
-                   h.address, h.pid, open->fetched.chunks.size());
-  return true;
-}
 
 FollowedOpen::FollowedOpen(ImportSide& importer, const ledger::Vmm2Handle& handle)
     : importer_(importer), exporter_{handle.pid, handle.instance}, follower_(FollowerId(importer)) {
@@ -92,15 +45,6 @@ FollowedOpen::FollowedOpen(ImportSide& importer, const ledger::Vmm2Handle& handl
   watch_ = StartWatch(importer, handle.pid, handle.instance);
   in_flight_ =
       importer.BeginOpen(exporter_, ImportSide::PlacementIndex(handle.rank_slot, handle.pid));
-  // Prefetch asks only where a watch connection is kept already: what comes
-  // is dropped when the exporter unmaps it, told over that connection.
-  prefetch_ = PrefetchOn() && !watch_ && importer.follow().Watches(WatchTag(exporter_)) &&
-              !importer.PrefetchRefusedBy(exporter_);
-}
-
-void FollowedOpen::PrefetchRefused() {
-  prefetch_ = false;
-  importer_.NoPrefetchFrom(exporter_);
 }
 
 FollowedOpen::~FollowedOpen() {
@@ -113,17 +57,10 @@ CUresult FollowedOpen::CatchUp(Opening* open, std::optional<uint64_t>* reopened)
   const ledger::Vmm2Handle& h = open->handle;
   std::vector<ledger::FollowEvent> missed;
   bool overflowed = false;
-  ImportSide::PrefetchKeep keep;
-  keep.runs = PrefetchedRuns(&open->fetched.prefetched);
-  keep.watch_tag = WatchTag(exporter_);
   // The open stays listed in flight (its placement lock) until it ends, after
   // its record: an event from now on waits for that lock and finds the record.
-  *reopened = importer_.ReopenOrEndOpen(open->key, &open->reopener, in_flight_, &missed,
-                                        &overflowed, &keep);
-  if (keep.kept != 0) {
-    stats::Count(stats::Counter::kChunksPrefetched, keep.kept);
-    if (ImportAheadOn()) (void)importer_.StartImportAhead(ImportOnPrefetchThread, ReleaseImported);
-  }
+  *reopened =
+      importer_.ReopenOrEndOpen(open->key, &open->reopener, in_flight_, &missed, &overflowed);
   if (*reopened) return CUDA_SUCCESS;
   if (overflowed) {
     stats::Count(stats::Counter::kOpenFailedMap);

@@ -23,15 +23,6 @@ class FollowedOpen {
 
   uint32_t follower() const { return follower_; }
   bool watch() const { return watch_; }
-  // Prefetch: this open's fetch asks for the exporter's other handed-out
-  // runs (VMMIPC_PREFETCH; only once a watch connection to it is kept).
-  bool prefetch() const { return prefetch_; }
-  // The exporter refused the prefetch flag (an older vmmipc): remembered,
-  // and this open asks without it.
-  void PrefetchRefused();
-  // fetch, when prefetch is on: the run of `open`'s handle from what earlier
-  // fetches prefetched, into open->fetched; false: fetch it.
-  bool TakePrefetched(Opening* open) const;
 
   // catch up: under the placement lock, in one hold of the import lock,
   // either the pointer of the same handle opened by another thread while
@@ -46,7 +37,6 @@ class FollowedOpen {
   ledger::ExporterId exporter_;
   uint32_t follower_ = 0;
   bool watch_ = false;
-  bool prefetch_ = false;
   uint64_t in_flight_ = 0;
 };
 

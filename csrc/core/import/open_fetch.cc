@@ -1,10 +1,10 @@
 // The open's fetch step: the run from its exporter, what a failed fetch or
 // a refusal returns, and the check that the answer is the handle's run.
 #include "config/params.h"
+#include "core/ahead.h"
 #include "core/handle_fields.h"
 #include "core/import/followed_open.h"
 #include "core/import/opening.h"
-#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "driver/status.h"
@@ -89,11 +89,6 @@ bool RunIsConsistent(const std::vector<transport::ChunkGrant>& chunks,
 CUresult FetchRun(FollowedOpen& followed, Opening* open) {
   const ledger::Vmm2Handle& h = open->handle;
   const auto fetch_start = SteadyClock::now();
-  // Prefetch: an earlier fetch brought this run already; no round trip.
-  if (followed.TakePrefetched(open)) {
-    open->fetch_us = MicrosSince(fetch_start);
-    return CUDA_SUCCESS;
-  }
   const config::Params& params = config::Get();
   // A version 3 handle's exporter listens under its instance; a version 2
   // one (an older vmmipc) under its pid.
@@ -104,14 +99,10 @@ CUresult FetchRun(FollowedOpen& followed, Opening* open) {
   transport::ClientOptions options{params.socket_dir, params.timeout(), followed.watch(),
                                    followed.follower(),
                                    static_cast<size_t>(params.warm_connections)};
-  options.prefetch = followed.prefetch();
-  // Map ahead: the watch connection this fetch asks for also carries the
+  // Ahead: the watch connection this fetch asks for also carries the
   // exporter's announcements of the handles it hands out.
-  options.announce = followed.watch() && MapAheadOn();
+  options.announce = followed.watch() && AheadOn();
   open->fetched = transport::FetchChunks(request, options);
-  // An older vmmipc refused the prefetch flag (the fetch asked again
-  // without it): never asked with it again.
-  if (open->fetched.prefetch_refused) followed.PrefetchRefused();
   if (open->fetched.status != transport::FetchStatus::kOk) return FetchFailure(open->fetched, h);
   stats::Count(stats::Counter::kFdsReceived, open->fetched.chunks.size());
   if (!RunIsConsistent(open->fetched.chunks, h)) {

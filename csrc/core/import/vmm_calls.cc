@@ -85,26 +85,6 @@ CUresult MapChunk(int fd, uint64_t target, uint64_t size) {
   VMMIPC_CU_CHECK(MemImportFromShareableHandle, &handle,
                   reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  return MapImportedChunk(handle, target, size);
-}
-
-bool ImportAhead(int fd, uint64_t* handle) {
-  CUmemGenericAllocationHandle imported = 0;
-  const CUresult result = VMMIPC_REAL(MemImportFromShareableHandle, &imported,
-                                      reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (result != CUDA_SUCCESS) {
-    VMMIPC_LOG_DEBUG("prefetch: importing ahead failed ({}); the open imports it",
-                     driver::ErrorName(result));
-    return false;
-  }
-  *handle = imported;
-  return true;
-}
-
-void ReleaseImported(uint64_t handle) { (void)VMMIPC_REAL(MemRelease, handle); }
-
-CUresult MapImportedChunk(uint64_t handle, uint64_t target, uint64_t size) {
   const CUresult result = VMMIPC_REAL(MemMap, target, size, 0, handle, 0);
   // The mapping keeps the memory alive after the handle is released (measured).
   (void)VMMIPC_REAL(MemRelease, handle);

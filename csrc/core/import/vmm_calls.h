@@ -25,19 +25,13 @@ void FreeReservation(uint64_t base, uint64_t size);
 // Maps one imported chunk (from its fd) at `target`, not yet accessible.
 // On failure nothing stays mapped.
 CUresult MapChunk(int fd, uint64_t target, uint64_t size);
-// Import ahead (VMMIPC_PREFETCH=2): the fd's memory imported now, mapped
-// later with MapImportedChunk (which releases the handle whatever happens),
-// or released unmapped.
-bool ImportAhead(int fd, uint64_t* handle);
-CUresult MapImportedChunk(uint64_t handle, uint64_t target, uint64_t size);
-void ReleaseImported(uint64_t handle);
 // Opens [target, target + size), one or more mapped chunks back to back, for
 // `device` with one driver call. The driver's cost is per chunk covered all
 // the same (docs/driver-behaviour.md#set-access-per-chunk), so one call per
 // stretch saves only the calls' own overhead.
 CUresult OpenAccess(uint64_t target, uint64_t size, CUdevice device);
 void UnmapChunk(uint64_t target, uint64_t size);
-// Map ahead: unmaps what a drop of records made ahead handed back (a paused
+// Ahead: unmaps what a drop of runs mapped ahead handed back (a paused
 // chunk has nothing mapped) and counts the drop; true when a record went.
 // Caller holds the placement locks of what was dropped.
 bool UnmapDroppedAhead(const ledger::CloseResult& dropped);

@@ -158,7 +158,6 @@ Ended SendRequest(Fetch& fetch) {
   const ClientOptions& options = fetch.options;
   wire_request.flags =
       static_cast<uint16_t>((options.watch ? wire::kRequestFlagWatch : 0) |
-                            (options.prefetch ? wire::kRequestFlagPrefetch : 0) |
                             (options.watch && options.announce ? wire::kRequestFlagAnnounce : 0));
   wire_request.follower = fetch.options.follower;
   wire_request.handle = request.handle;
@@ -183,8 +182,6 @@ FetchResult HandOver(Fetch& fetch) {
   result.verified = true;
   result.chunks = std::move(fetch.chunks);
   fetch.chunks.clear();  // moved from: nothing left for ~Fetch to reap
-  result.prefetched = std::move(fetch.prefetched);
-  fetch.prefetched.clear();
   result.connect_us = MicrosBetween(fetch.start, fetch.connected);
   result.answer_us = MicrosSince(fetch.connected);
   result.warm = fetch.reused;
@@ -258,27 +255,17 @@ FetchResult FetchChunks(const FetchRequest& request, const ClientOptions& option
   ClientOptions asked = options;
   asked.announce = options.watch && options.announce;  // never sent without watch
   FetchResult result = FetchOnce(request, asked);
-  // An exporter that does not know a flag (an older vmmipc) refuses it as a
-  // bad request: asked again without it, within what is left of the one
-  // deadline. The newer flag (announce) goes first, so that an exporter
-  // that knows prefetch is not taken for one that does not.
-  bool announce_refused = false;
-  bool prefetch_refused = false;
-  while ((asked.announce || asked.prefetch) && result.status == FetchStatus::kRefused &&
-         result.refuse == RefuseReason::kBadRequest && result.verified) {
-    if (asked.announce) {
-      asked.announce = false;
-      announce_refused = true;
-    } else {
-      asked.prefetch = false;
-      prefetch_refused = true;
-    }
+  // An exporter that does not know the flag (an older vmmipc) refuses it as
+  // a bad request: asked again without it, within what is left of the one
+  // deadline.
+  if (asked.announce && result.status == FetchStatus::kRefused &&
+      result.refuse == RefuseReason::kBadRequest && result.verified) {
+    asked.announce = false;
     asked.timeout =
         Timeout::Ms(std::max<int64_t>(1, options.timeout.ms() - MicrosSince(start) / 1000));
     result = FetchOnce(request, asked);
+    result.announce_refused = true;
   }
-  result.announce_refused = announce_refused;
-  result.prefetch_refused = prefetch_refused;
   return result;
 }
 

@@ -36,11 +36,6 @@ struct ClientOptions {
   // Keep the connection after the fetch, and reuse a kept one, up to this
   // many in all (warm_connections.h); 0: a new connection per fetch.
   size_t warm_connections = 0;
-  // Take the other runs the exporter handed out handles for in the reply
-  // (prefetch; requires follower). An exporter that refuses the flag (an
-  // older vmmipc: kBadRequest) is asked again without it, within the same
-  // deadline (FetchResult::prefetch_refused; after announce, the newer flag).
-  bool prefetch = false;
   // With watch: ask the exporter to send announcements on the watch
   // connection (kRequestFlagAnnounce: the handles it hands out from then
   // on). An exporter that refuses the flag (an older vmmipc: kBadRequest) is
@@ -93,22 +88,14 @@ struct FetchResult {
   bool verified = false;
   std::string detail;              // one human sentence for the log line
   std::vector<ChunkGrant> chunks;  // when status == kOk, in address order
-  // With options.prefetch: other runs of the exporter, run by run (each a
-  // run_start chunk and its contiguous next ones, with their region base);
-  // none overlaps another or `chunks`.
-  std::vector<ChunkGrant> prefetched;
-  WatchConnection watch;  // when status == kOk and options.watch
+  WatchConnection watch;           // when status == kOk and options.watch
   // Where the exchange's time went, for the open's debug line (kOk only):
   // socket and connect, then the request sent until the answer is in hand.
   int64_t connect_us = 0;
   int64_t answer_us = 0;
   bool warm = false;  // the request went on a kept connection (warm_connections.h)
-  // options.prefetch, and the exporter refused the flag as a bad request (an
-  // older vmmipc): this is the answer to the request sent again without it.
-  bool prefetch_refused = false;
   // options.announce (with watch), and the exporter refused the flag as a
-  // bad request: this is the answer to the request sent again without it
-  // (and, if that was refused too, without prefetch either).
+  // bad request: this is the answer to the request sent again without it.
   bool announce_refused = false;
 };
 

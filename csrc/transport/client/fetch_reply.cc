@@ -50,8 +50,8 @@ Ended PeekBatch(Fetch& fetch, std::vector<uint8_t>& buffer, Batch& batch) {
                         fmt::format("message longer than {} bytes", buffer.size()));
   }
   batch.bytes = std::span<const uint8_t>(buffer.data(), batch.peeked.length);
-  batch.parsed = wire::ParseReply(batch.bytes, fetch.nonce, fetch.key, &batch.header,
-                                  &batch.entries, fetch.options.prefetch);
+  batch.parsed =
+      wire::ParseReply(batch.bytes, fetch.nonce, fetch.key, &batch.header, &batch.entries);
   return std::nullopt;
 }
 
@@ -162,44 +162,7 @@ Ended ReceiveBatch(Fetch& fetch, std::vector<uint8_t>& buffer, uint32_t index) {
     grant.size = entry.size;
     grant.generation = entry.generation;
     grant.fd = std::move(batch.message.fds[i]);
-    if (entry.kind == wire::EntryKind::kRun) {
-      // The handle's run comes first, whole.
-      if (!fetch.prefetched.empty())
-        return BatchFailure(FetchStatus::kProtocolError, batch, fetch,
-                            "a chunk of the handle's run after a prefetched one");
-      fetch.chunks.push_back(std::move(grant));
-      continue;
-    }
-    grant.region_base = entry.region_base;
-    grant.run_start = entry.kind == wire::EntryKind::kPrefetchStart;
-    fetch.prefetched.push_back(std::move(grant));
-  }
-  return std::nullopt;
-}
-
-// The prefetched runs: each starts with its first chunk and continues
-// contiguously in one region; nothing overlaps anything else of the reply.
-Ended CheckPrefetchedRuns(const Fetch& fetch) {
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const ChunkGrant& c : fetch.chunks) ranges.emplace_back(c.address, c.address + c.size);
-  for (size_t i = 0; i < fetch.prefetched.size(); ++i) {
-    const ChunkGrant& c = fetch.prefetched[i];
-    const ChunkGrant* previous = i > 0 ? &fetch.prefetched[i - 1] : nullptr;
-    if (!c.run_start && (previous == nullptr || previous->address + previous->size != c.address ||
-                         previous->region_base != c.region_base)) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("reply from {}: prefetched chunk at {:#x} continues no run",
-                              fetch.address.display, c.address));
-    }
-    ranges.emplace_back(c.address, c.address + c.size);
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i - 1].second > ranges[i].first) {
-      return Fail(FetchStatus::kProtocolError,
-                  fmt::format("reply from {}: chunks at {:#x} and {:#x} overlap",
-                              fetch.address.display, ranges[i - 1].first, ranges[i].first));
-    }
+    fetch.chunks.push_back(std::move(grant));
   }
   return std::nullopt;
 }
@@ -214,7 +177,6 @@ Ended ReceiveReply(Fetch& fetch) {
   if (fetch.chunks.empty())
     return Fail(FetchStatus::kProtocolError,
                 fmt::format("reply from {}: no chunk of the handle's run", fetch.address.display));
-  if (Ended ended = CheckPrefetchedRuns(fetch)) return ended;
   std::vector<ChunkGrant>& chunks = fetch.chunks;
   std::sort(chunks.begin(), chunks.end(),
             [](const ChunkGrant& a, const ChunkGrant& b) { return a.address < b.address; });

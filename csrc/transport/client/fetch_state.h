@@ -30,7 +30,6 @@ struct Fetch {
   // on it (an unverified answer's fds), unless the hand-over took them.
   ~Fetch() {
     for (ChunkGrant& chunk : chunks) CloseInBackground(std::move(chunk.fd));
-    for (ChunkGrant& chunk : prefetched) CloseInBackground(std::move(chunk.fd));
     CloseConnection(std::move(sock));
   }
   Fetch(const Fetch&) = delete;
@@ -57,7 +56,6 @@ struct Fetch {
   uint32_t total = 0;        // chunks in the reply, as its batch 0 says
   uint32_t batch_count = 1;  // batches in the reply, as its batch 0 says
   std::vector<ChunkGrant> chunks;
-  std::vector<ChunkGrant> prefetched;  // prefetch: the other runs, in the reply's order
 };
 
 // A step's verdict: empty when the fetch goes on, else how it ends (a

@@ -72,9 +72,7 @@ void SendRefusal(int fd, const ServeContext& context, const SipKey& key,
 // True when every batch was sent.
 bool SendGrants(const PendingRequest& p, const ServeContext& context, const ServeReply& reply) {
   const std::vector<ChunkGrant>& chunks = reply.chunks;
-  const std::vector<ChunkGrant>& prefetched = reply.prefetched;
-  const bool prefetch_layout = p.request.prefetch;
-  const size_t all = chunks.size() + prefetched.size();
+  const size_t all = chunks.size();
   const uint32_t total = static_cast<uint32_t>(all);
   const uint32_t batches = wire::BatchCount(total);
   // A fresh deadline: the handler's time (exporting chunks) is not the peer's
@@ -90,14 +88,8 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context, const Serv
     entries.clear();
     fds.clear();
     for (size_t i = begin; i < end; ++i) {
-      // The handle's run first, then the prefetched runs (CheckGrants).
-      const bool extra = i >= chunks.size();
-      const ChunkGrant& c = extra ? prefetched[i - chunks.size()] : chunks[i];
-      using wire::EntryKind;
-      const EntryKind kind =
-          !extra ? EntryKind::kRun
-                 : (c.run_start ? EntryKind::kPrefetchStart : EntryKind::kPrefetchNext);
-      entries.push_back({c.address, c.size, c.generation, kind, extra ? c.region_base : 0});
+      const ChunkGrant& c = chunks[i];
+      entries.push_back({c.address, c.size, c.generation});
       fds.push_back(c.fd.get());
     }
     wire::ReplyHeader header;
@@ -105,8 +97,7 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context, const Serv
     header.total_chunks = total;
     header.batch_index = batch;
     header.batch_count = batches;
-    const std::vector<uint8_t> bytes =
-        wire::EncodeReply(p.nonce, p.key, header, entries, prefetch_layout);
+    const std::vector<uint8_t> bytes = wire::EncodeReply(p.nonce, p.key, header, entries);
     if (IoResult io = SendMessage(p.fd.get(), bytes, fds, deadline, context.stop_fd); !io.ok()) {
       VMMIPC_LOG_WARN("listener {}: sending batch {} of {} to peer {} failed: {} ({})",
                       context.name, batch, batches, PeerPidText(p.peer.pid),
@@ -222,7 +213,6 @@ ReadOutcome Read(Connection& c, const ServeContext& context, PendingRequest* out
   out->request.generation = request.handle.generation;
   out->request.watch = (request.flags & wire::kRequestFlagWatch) != 0;
   out->request.follower = request.follower;
-  out->request.prefetch = (request.flags & wire::kRequestFlagPrefetch) != 0;
   out->request.announce = (request.flags & wire::kRequestFlagAnnounce) != 0;
   out->kept = c.kept;
   return ReadOutcome::kReady;
@@ -248,10 +238,6 @@ bool Prepare(PendingRequest& p, const ServeContext& context, ServeReply* reply) 
     return refuse(reply->refuse, reply->detail.empty() ? "the handler refused" : reply->detail);
   std::string why;
   if (RefuseReason bad = CheckGrants(&reply->chunks, &why); bad != RefuseReason::kNone)
-    return refuse(bad, why);
-  if (!p.request.prefetch) reply->prefetched.clear();  // never more than asked for
-  if (RefuseReason bad = CheckPrefetched(reply->chunks, &reply->prefetched, &why);
-      bad != RefuseReason::kNone)
     return refuse(bad, why);
   return true;
 }
@@ -398,7 +384,7 @@ void CloseKept(Connection connection, const ServeContext& context) noexcept {
 }
 
 bool ReplyFitsOneMessage(const ServeReply& reply) noexcept {
-  return reply.chunks.size() + reply.prefetched.size() <= wire::kMaxChunksPerBatch;
+  return reply.chunks.size() <= wire::kMaxChunksPerBatch;
 }
 
 }  // namespace vmmipc::transport

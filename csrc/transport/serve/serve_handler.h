@@ -24,7 +24,6 @@ struct ServeRequest {
   uint32_t generation = 0;  // that chunk's generation as get saw it
   bool watch = false;       // the importer asks to keep the connection for events
   uint32_t follower = 0;    // the importer's follower id (follow), 0 if it does not follow
-  bool prefetch = false;    // the importer takes other handed-out runs in the reply (prefetch)
   bool announce = false;    // with watch: the importer asks to be sent announcements
 };
 
@@ -32,9 +31,6 @@ struct ServeReply {
   RefuseReason refuse = RefuseReason::kNone;
   std::string detail;              // for the exporter's log line only; not sent
   std::vector<ChunkGrant> chunks;  // from the chunk holding `address` to the end of the run
-  // Only when the request asked (prefetch): other runs, each a run_start
-  // chunk and the chunks that continue it, sent after `chunks`.
-  std::vector<ChunkGrant> prefetched;
 };
 
 using ServeHandler = std::function<ServeReply(const ServeRequest&)>;
