@@ -9,20 +9,37 @@ std::optional<uint64_t> ImportTable::Reopen(const OpenKey& key, Reopener* who) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return std::nullopt;
   OpenRecord& record = opens_.at(it->second);
-  Reopener application{false, record.device};
+  Reopener application{RunState::kOpened, record.device, record.opened_address};
   if (who == nullptr) who = &application;
-  if (who->ahead) return record.pointer;
-  if (record.ahead) {
-    if (record.device != who->device) {
-      who->other_device = true;
-      return std::nullopt;
-    }
-    record.ahead = false;  // its one open is the application's now
-    who->adopted = true;
+  if (who->advances_to == RunState::kMappedAhead) return record.pointer;
+  if (record.state == RunState::kOpened) {
+    ++record.opens;
+    who->reopened = true;
     return record.pointer;
   }
-  ++record.opens;
-  return record.pointer;
+  // Adoption: the application's open decides as a fresh open would, so the
+  // record must be where that open would have put it.
+  if (record.device != who->device || !record.alias_keys.empty()) {
+    who->in_the_way = true;
+    return std::nullopt;
+  }
+  if (who->opened_address != record.opened_address) {
+    const uint64_t moved = record.pointer + (who->opened_address - record.opened_address);
+    if (opens_.count(moved) != 0) {
+      who->in_the_way = true;
+      return std::nullopt;
+    }
+    auto node = opens_.extract(record.pointer);
+    node.key() = moved;
+    node.mapped().pointer = moved;
+    node.mapped().opened_address = who->opened_address;
+    by_key_[key] = moved;
+    opens_.insert(std::move(node));
+  }
+  OpenRecord& adopted = opens_.at(by_key_.at(key));
+  adopted.state = RunState::kOpened;  // its one open is the application's now
+  who->adopted = true;
+  return adopted.pointer;
 }
 
 ChunkProbe ImportTable::Probe(uint64_t target, uint64_t size, const ExporterId& exporter,
@@ -59,9 +76,9 @@ PointerUse ImportTable::UseOf(uint64_t pointer, uint64_t run_base, uint64_t run_
 bool ImportTable::AddOpen(OpenRecord record) {
   if (auto existing = opens_.find(record.pointer); existing != opens_.end()) {
     // Core checked UseOf: the same run, its chunks already counted.
-    if (record.ahead) return false;  // open already: nothing to do ahead
-    if (existing->second.ahead)
-      existing->second.ahead = false;  // adopted: its one open is this one
+    if (record.state == RunState::kMappedAhead) return false;  // mapped already: nothing to do
+    if (existing->second.state == RunState::kMappedAhead)
+      existing->second.state = RunState::kOpened;  // adopted: its one open is this one
     else
       ++existing->second.opens;
     existing->second.alias_keys.push_back(record.key);
@@ -70,6 +87,9 @@ bool ImportTable::AddOpen(OpenRecord record) {
   }
   for (uint64_t target : record.chunks) ++chunks_.at(target).users;
   record.opens = 1;
+  if (record.state == RunState::kOpened)
+    first_slots_.emplace(record.key.exporter,
+                         record.zone_slot);  // kNotInZone: best-effort, never ahead
   if (record.zone_slot != kNotInZone) {
     SlotUse& use = slots_[record.zone_slot];
     use.exporter = record.key.exporter;  // core checked SlotOwner under the slot's lock
@@ -84,7 +104,7 @@ bool ImportTable::AddOpen(OpenRecord record) {
 CloseResult ImportTable::Close(uint64_t pointer) {
   CloseResult result;
   auto it = opens_.find(pointer);
-  if (it == opens_.end() || it->second.ahead) return result;
+  if (it == opens_.end() || it->second.state != RunState::kOpened) return result;
   result.ours = true;
   if (--it->second.opens > 0) return result;
   Remove(it, &result);
@@ -96,7 +116,7 @@ CloseResult ImportTable::DropAhead(const ExporterId& exporter, uint64_t exporter
   CloseResult result;
   for (auto it = opens_.begin(); it != opens_.end();) {
     const OpenRecord& record = it->second;
-    bool drop = record.ahead && record.key.exporter == exporter;
+    bool drop = record.state == RunState::kMappedAhead && record.key.exporter == exporter;
     if (drop && !all)
       drop = std::any_of(record.chunks.begin(), record.chunks.end(), [&](uint64_t target) {
         auto chunk = chunks_.find(target);
@@ -117,7 +137,7 @@ CloseResult ImportTable::DropAheadKey(const OpenKey& key) {
   auto by_key = by_key_.find(key);
   if (by_key == by_key_.end()) return result;
   auto it = opens_.find(by_key->second);
-  if (it == opens_.end() || !it->second.ahead) return result;
+  if (it == opens_.end() || it->second.state != RunState::kMappedAhead) return result;
   result.ours = true;
   Remove(it, &result);
   return result;
@@ -126,11 +146,17 @@ CloseResult ImportTable::DropAheadKey(const OpenKey& key) {
 AheadUse ImportTable::AheadOf(const ExporterId& exporter) const {
   AheadUse use;
   for (const auto& [pointer, record] : opens_) {
-    if (!record.ahead || record.key.exporter != exporter) continue;
+    if (record.state != RunState::kMappedAhead || record.key.exporter != exporter) continue;
     use.chunks += record.chunks.size();
     use.bytes += record.run_size;
   }
   return use;
+}
+
+std::optional<uint32_t> ImportTable::FirstSlotOf(const ExporterId& exporter) const {
+  auto it = first_slots_.find(exporter);
+  if (it == first_slots_.end()) return std::nullopt;
+  return it->second;
 }
 
 void ImportTable::Remove(std::map<uint64_t, OpenRecord>::iterator it, CloseResult* out) {
@@ -149,7 +175,7 @@ void ImportTable::Remove(std::map<uint64_t, OpenRecord>::iterator it, CloseResul
     slots_.erase(slot);
   if (record.private_reservation != 0) {
     // One record's reservation per result: DropAhead never takes a private
-    // one (opens ahead are placed in the zone only).
+    // one (runs mapped ahead are placed in the zone only).
     result.free_reservation = record.private_reservation;
     result.free_reservation_size = record.private_reservation_size;
   }

@@ -1,10 +1,10 @@
 // ImportTable: what this process has imported from its peers. Two tables:
 //  - chunks: every peer chunk mapped here, by importer address, with the
 //    number of open records that use it;
-//  - opens: every pointer cuIpcOpenMemHandle returned, with its open count
-//    and the chunks it holds; and the opens made ahead of the application
-//    (map ahead, VMMIPC_PREFETCH=3), which its first open of the same handle
-//    adopts.
+//  - opens: one record per imported run, in the state it has reached
+//    (RunState): mapped ahead of the application (VMMIPC_AHEAD), or opened,
+//    with its open count and the chunks it holds. The application's first
+//    open of a handle mapped ahead adopts its record.
 // Each open is matched by exactly one close, and the last close of the last
 // user of a chunk hands it back for unmapping (the seed design leaked here).
 // It also knows which exporter each rank slot of the zone serves: the first
@@ -58,6 +58,24 @@ struct OpenKey {
 
 inline constexpr uint32_t kNotInZone = 0xFFFFFFFFu;
 
+// How far an imported run has come. A handle the exporter announced
+// (VMMIPC_AHEAD) waits in the ahead worker's queue (core/import/ahead.h);
+// the worker advances it to kMappedAhead (fetched, imported, mapped, access
+// set, at the address the application's open would return); the
+// application's open advances a run to kOpened, from nothing or by adopting
+// a kMappedAhead record. Either state's chunks may be paused by their
+// exporter (MappedChunk::paused) and resumed; a record is dropped by its
+// last close (kOpened), or by its exporter's pause or free, or the end of
+// its follow (kMappedAhead: never the application's to close).
+enum class RunState : uint8_t {
+  kMappedAhead,
+  kOpened,
+};
+// "mapped ahead", "opened": for log lines.
+inline const char* RunStateName(RunState state) {
+  return state == RunState::kMappedAhead ? "mapped ahead" : "opened";
+}
+
 struct OpenRecord {
   uint64_t pointer = 0;             // what cuIpcOpenMemHandle returned
   uint32_t zone_slot = kNotInZone;  // the zone slot its run was placed in
@@ -71,21 +89,28 @@ struct OpenRecord {
   // Other handles that opened this same run at this same pointer: after a
   // followed resume, a handle of the new memory lands where the old one is.
   std::vector<OpenKey> alias_keys;
-  // Opened ahead by vmmipc (an exporter's announcement), not yet by the
-  // application: its one open stands for the application's first, which
-  // adopts it. The application cannot close it (it never got the pointer);
-  // it goes when its exporter pauses or frees it, or stops being followed.
-  bool ahead = false;
+  RunState state = RunState::kOpened;
+  // The exporter address `pointer` stands for: the handle's address, or its
+  // chunk's start for an interior handle (core/import/interior_handles.h).
+  uint64_t opened_address = 0;
   int32_t device = -1;  // the device its access was set for
 };
 
 // Who reopens a handle, and what the reopen found.
 struct Reopener {
-  bool ahead = false;   // an open ahead: an existing record is left as it is
-  int32_t device = -1;  // the application's device (adopting needs the same)
+  RunState advances_to = RunState::kOpened;  // kMappedAhead: the worker; a record is left as it is
+  int32_t device = -1;                       // the application's device (adopting needs the same)
+  // The exporter address the application's open returns the image of (its
+  // interior rule, decided now): a record mapped ahead for another one is
+  // moved to that pointer when adopted.
+  uint64_t opened_address = 0;
   // out
-  bool adopted = false;       // the application took over an open made ahead
-  bool other_device = false;  // an open ahead for another device is in the way
+  bool adopted = false;   // the application took over a record mapped ahead
+  bool reopened = false;  // one more open of a record the application opened
+  // A record mapped ahead is in the way: made for another device, or its
+  // pointer cannot move where this open's goes. The caller drops it and
+  // opens afresh.
+  bool in_the_way = false;
 };
 
 // The opens made ahead of one exporter: their chunks and bytes.
@@ -117,10 +142,12 @@ struct CloseResult {
 
 class ImportTable {
  public:
-  // Opening the same handle again: bump and return its pointer. An open
-  // made ahead is adopted instead (no bump) by the application's open on the
-  // same device; an open ahead bumps nothing (the handle is open already).
-  // Without `who`: the application's, on the device of any open made ahead.
+  // Opening the same handle again: bump and return its pointer. A record
+  // mapped ahead is adopted instead (no bump) by the application's open on
+  // the same device, at the pointer of the application's own opened address
+  // (the record moves there when that differs and is free); the worker
+  // bumps nothing (the handle is mapped already). Without `who`: the
+  // application's, on the device and opened address of any record mapped ahead.
   std::optional<uint64_t> Reopen(const OpenKey& key, Reopener* who = nullptr);
   ChunkProbe Probe(uint64_t target, uint64_t size, const ExporterId& exporter,
                    uint64_t exporter_address, uint32_t generation) const;
@@ -131,19 +158,22 @@ class ImportTable {
   // Records an open whose chunks (all already added) it starts using. When an
   // open of the same run returned the same pointer (PointerUse::kSameRun),
   // the new key joins that record as one more open of it (an application's
-  // open adopts a record made ahead; an open ahead joins nothing). False
-  // when an open ahead joined nothing.
+  // open adopts a record mapped ahead; one mapped ahead joins nothing). False
+  // when a run mapped ahead joined nothing.
   bool AddOpen(OpenRecord record);
   // One close of `pointer` (not of an open made ahead: not the application's).
   CloseResult Close(uint64_t pointer);
-  // Map ahead: the opens made ahead of `exporter` and not adopted that hold
+  // Ahead: the records mapped ahead of `exporter` and not adopted that hold
   // its chunk at `exporter_address` (`all`: every one of `exporter`), taken
   // out as their last close; what they alone held is returned to unmap.
   CloseResult DropAhead(const ExporterId& exporter, uint64_t exporter_address, bool all);
-  // The open made ahead that `key` names, taken out (the application opens
-  // on another device than it was made for).
+  // The record mapped ahead that `key` names, taken out (Reopener::in_the_way).
   CloseResult DropAheadKey(const OpenKey& key);
   AheadUse AheadOf(const ExporterId& exporter) const;
+  // The zone slot where the application's first open of `exporter`'s memory
+  // placed it (kOpened), kept for the exporter's life whatever it announces
+  // since; nullopt before one, or when that open went best-effort.
+  std::optional<uint32_t> FirstSlotOf(const ExporterId& exporter) const;
   // Chunks with no users, as left by a failed open: removes and returns them.
   std::vector<MappedChunk> TakeUnused(const std::vector<uint64_t>& targets);
   // The key of the handle `pointer` was opened from (core takes its
@@ -193,6 +223,7 @@ class ImportTable {
   };
   std::map<uint32_t, SlotUse> slots_;
   std::set<std::pair<uint32_t, ExporterId>> collisions_warned_;  // (slot, exporter)
+  std::map<ExporterId, uint32_t> first_slots_;  // FirstSlotOf: one entry per exporter opened
 };
 
 }  // namespace vmmipc::ledger

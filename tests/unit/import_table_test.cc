@@ -182,17 +182,20 @@ TEST(ChunkGenerations, RecreatedHandlesGetNewGenerations) {
 namespace vmmipc::ledger {
 namespace {
 
-// Map ahead: an open made ahead of the application (an exporter's
-// announcement) is adopted by the application's first open of the same
-// handle on the same device, is never the application's to close before
-// that, and goes with its exporter's pause or free, or all of them.
+// Ahead: a run mapped ahead of the application (an exporter's announcement)
+// is adopted by the application's first open of the same handle on the same
+// device, is never the application's to close before that, and goes with
+// its exporter's pause or free, or all of them.
 OpenRecord Ahead(uint64_t pointer, uint64_t address, std::vector<uint64_t> chunks,
                  int32_t device = 0) {
   OpenRecord r = Open(pointer, address, std::move(chunks));
-  r.ahead = true;
+  r.state = RunState::kMappedAhead;
   r.device = device;
   return r;
 }
+
+constexpr RunState kWorker = RunState::kMappedAhead;
+constexpr RunState kApplication = RunState::kOpened;
 
 TEST(ImportTableAhead, TheApplicationsOpenAdoptsItAndOneCloseThenUnmaps) {
   ImportTable t;
@@ -202,13 +205,13 @@ TEST(ImportTableAhead, TheApplicationsOpenAdoptsItAndOneCloseThenUnmaps) {
   // Before the application opens it, its pointer is not the application's to close.
   EXPECT_FALSE(t.Close(0x1000000).ours);
   // Another open ahead of the same handle finds it open and bumps nothing.
-  Reopener ahead{true, 0};
+  Reopener ahead{kWorker, 0};
   EXPECT_EQ(t.Reopen(key, &ahead), 0x1000000u);
-  Reopener app{false, 0};
+  Reopener app{kApplication, 0};
   EXPECT_EQ(t.Reopen(key, &app), 0x1000000u);
   EXPECT_TRUE(app.adopted);
   // A second open of the application is an ordinary reopen.
-  Reopener again{false, 0};
+  Reopener again{kApplication, 0};
   EXPECT_EQ(t.Reopen(key, &again), 0x1000000u);
   EXPECT_FALSE(again.adopted);
   EXPECT_FALSE(t.Close(0x1000000).last);
@@ -224,14 +227,73 @@ TEST(ImportTableAhead, AnOpenOnAnotherDeviceDoesNotAdoptIt) {
   t.AddChunk(Chunk(0x1000000, 0x7000000));
   ASSERT_TRUE(t.AddOpen(Ahead(0x1000000, 0x7000000, {0x1000000}, /*device=*/1)));
   const OpenKey key{kPeer, 0x7000000, 1, 0, 0};
-  Reopener app{false, 0};
+  Reopener app{kApplication, 0};
   EXPECT_EQ(t.Reopen(key, &app), std::nullopt);
-  EXPECT_TRUE(app.other_device);
+  EXPECT_TRUE(app.in_the_way);
   const CloseResult dropped = t.DropAheadKey(key);
   EXPECT_TRUE(dropped.ours);
   ASSERT_EQ(dropped.to_unmap.size(), 1u);
   EXPECT_EQ(t.open_count(), 0u);
   EXPECT_EQ(t.chunk_count(), 0u);
+}
+
+// Issue 43: the application's open decides its interior rule as a fresh open
+// would. A run mapped ahead for the exact address of an interior handle,
+// adopted by an open whose rule gives the chunk's start (UCX loaded since),
+// moves to that open's pointer, and is closed there; one whose new pointer
+// another record holds is in the way (dropped, and opened afresh).
+TEST(ImportTableAhead, AnAdoptionWithAnotherOpenedAddressMovesTheRecordToItsPointer) {
+  ImportTable t;
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  OpenRecord exact = Ahead(0x1400000, 0x7400000, {0x1000000});
+  exact.run_base = 0x1000000;
+  exact.opened_address = 0x7400000;  // the handle's own address, 4 MiB into its chunk
+  ASSERT_TRUE(t.AddOpen(exact));
+  const OpenKey key{kPeer, 0x7400000, 1, 0, 0};
+  Reopener app{kApplication, 0, /*opened_address=*/0x7000000};
+  EXPECT_EQ(t.Reopen(key, &app), 0x1000000u) << "adopted at the exact address";
+  EXPECT_TRUE(app.adopted);
+  EXPECT_FALSE(t.Close(0x1400000).ours) << "the old pointer still names the run";
+  ASSERT_TRUE(t.KeyOf(0x1000000));
+  Reopener again{kApplication, 0, 0x7000000};
+  EXPECT_EQ(t.Reopen(key, &again), 0x1000000u);
+  EXPECT_FALSE(t.Close(0x1000000).last);
+  EXPECT_TRUE(t.Close(0x1000000).last);
+  EXPECT_EQ(t.chunk_count(), 0u);
+
+  // The new pointer is another record's: in the way.
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  ASSERT_TRUE(t.AddOpen(Open(0x1000000, 0x7000000, {0x1000000})));
+  OpenRecord interior = Ahead(0x1400000, 0x7400000, {0x1000000});
+  interior.opened_address = 0x7400000;
+  ASSERT_TRUE(t.AddOpen(interior));
+  Reopener blocked{kApplication, 0, 0x7000000};
+  EXPECT_EQ(t.Reopen(key, &blocked), std::nullopt);
+  EXPECT_TRUE(blocked.in_the_way);
+  EXPECT_TRUE(t.DropAheadKey(key).ours);
+}
+
+// Issue 43: the slot an exporter's first application open placed it in is
+// kept whatever comes after; runs mapped ahead establish none.
+TEST(ImportTableAhead, TheFirstSlotIsTheApplicationsFirstOpens) {
+  ImportTable t;
+  EXPECT_EQ(t.FirstSlotOf(kPeer), std::nullopt);
+  t.AddChunk(Chunk(0x1000000, 0x7000000));
+  OpenRecord ahead = Ahead(0x1000000, 0x7000000, {0x1000000});
+  ahead.zone_slot = 0;
+  ASSERT_TRUE(t.AddOpen(ahead));
+  EXPECT_EQ(t.FirstSlotOf(kPeer), std::nullopt) << "a run mapped ahead established a slot";
+  t.AddChunk(Chunk(0x2000000, 0x8000000));
+  OpenRecord first = Open(0x2000000, 0x8000000, {0x2000000});
+  first.zone_slot = 3;
+  ASSERT_TRUE(t.AddOpen(first));
+  t.AddChunk(Chunk(0x3000000, 0x9000000));
+  OpenRecord later = Open(0x3000000, 0x9000000, {0x3000000});
+  later.zone_slot = 5;
+  ASSERT_TRUE(t.AddOpen(later));
+  EXPECT_TRUE(t.Close(0x2000000).last);
+  EXPECT_TRUE(t.Close(0x3000000).last);
+  EXPECT_EQ(t.FirstSlotOf(kPeer), 3u) << "kept after every close";
 }
 
 TEST(ImportTableAhead, AnOpenAheadJoinsNothingAndTheApplicationJoiningOneAdoptsIt) {

@@ -1,4 +1,4 @@
-// Map ahead (VMMIPC_PREFETCH=3), the exporter's half: a handle its
+// Ahead (VMMIPC_AHEAD=1), the exporter's half: a handle its
 // application just got is announced to the importers that follow this
 // process and asked for announcements (transport/serve/watch/watchers.h,
 // Announce: never waits; a full or busy connection misses it).

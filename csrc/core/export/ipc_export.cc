@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "config/params.h"
+#include "core/ahead.h"
 #include "core/export/announce.h"
 #include "core/export/export_ahead.h"
 #include "core/export/export_listener.h"
@@ -13,7 +14,6 @@
 #include "core/handle_fields.h"
 #include "core/hooks.h"
 #include "core/identity.h"
-#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 #include "ledger/handle_codec.h"
@@ -78,11 +78,9 @@ CUresult IpcGetMemHandle(CUipcMemHandle* out, CUdeviceptr address) {
     else
       QueueExportAhead(exporter, chunk.base);
   }
-  // Prefetch: runs handed out may be sent ahead to importers that follow.
-  if (PrefetchOn()) exporter.mappings().MarkHandedOut(chunk.base, chunk.generation);
-  // Map ahead: importers that follow this process may open it now, while
-  // the application still passes the handle on.
-  if (MapAheadOn())
+  // Ahead: importers that follow this process may map it now, while the
+  // application still passes the handle on.
+  if (AheadOn())
     AnnounceHandle(exporter, handle, reinterpret_cast<const unsigned char*>(out->reserved));
   VMMIPC_LOG_DEBUG("exported 0x{:x} (chunk 0x{:x}+0x{:x}, region 0x{:x}, generation {})", address,
                    chunk.base, chunk.size, region_base, chunk.generation);

@@ -1,13 +1,13 @@
 // The queue of announced handles and the thread that opens them ahead, in
-// the application's gaps (ahead_opens.h says the order).
-#include "core/import/ahead/ahead_opens.h"
+// the application's gaps (ahead.h says the order).
+#include "core/import/ahead.h"
 
 #include "common/log.h"
 #include "common/quiet_thread.h"
 
 namespace vmmipc::core {
 
-bool AheadOpens::Queue(const Handle& handle, OpenFn open) {
+bool AheadWorker::Queue(const Handle& handle, OpenFn open) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_ || queue_.size() >= kMaxQueued) return false;
   if (!thread_) {
@@ -23,16 +23,16 @@ bool AheadOpens::Queue(const Handle& handle, OpenFn open) {
   return true;
 }
 
-void AheadOpens::AppOpenEnds() {
+void AheadWorker::AppOpenEnds() {
   // Read after the decrement (seq_cst): either the thread sees 0, or this
-  // sees its waiting flag and wakes it (ahead_opens.h).
+  // sees its waiting flag and wakes it (ahead.h).
   if (app_opens_.fetch_sub(1) == 1 && waiting_.load()) {
     std::lock_guard<std::mutex> lock(mutex_);
     wake_.notify_one();
   }
 }
 
-void AheadOpens::Loop(OpenFn open) {
+void AheadWorker::Loop(OpenFn open) {
   for (;;) {
     Handle handle;
     {
@@ -43,7 +43,7 @@ void AheadOpens::Loop(OpenFn open) {
         // idle one costs them nothing.
         waiting_.store(true);
         VMMIPC_LOG_DEBUG(
-            "map ahead: {} announced handle(s) wait for the application's opens in progress",
+            "ahead: {} announced handle(s) wait for the application's opens in progress",
             queue_.size());
         wake_.wait(lock, [&] { return stop_ || app_opens_.load() == 0; });
         waiting_.store(false);
@@ -52,11 +52,11 @@ void AheadOpens::Loop(OpenFn open) {
       handle = queue_.front();
       queue_.pop_front();
     }
-    open(handle);  // never throws (open_ahead.cc)
+    open(handle);  // never throws (map_ahead.cc)
   }
 }
 
-AheadOpens::~AheadOpens() {
+AheadWorker::~AheadWorker() {
   std::unique_ptr<std::thread> thread;
   {
     std::lock_guard<std::mutex> lock(mutex_);

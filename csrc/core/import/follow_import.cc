@@ -9,9 +9,9 @@
 #include "common/log.h"
 #include "common/log_limit.h"
 #include "config/params.h"
+#include "core/ahead.h"
 #include "core/import/opening.h"
 #include "core/import/vmm_calls.h"
-#include "core/prefetch.h"
 #include "core/real.h"
 #include "core/stats.h"
 
@@ -103,7 +103,7 @@ AckStatus FollowUnfollowed(ImportSide& importer, const ledger::ExporterId& expor
   return AckStatus::kDone;
 }
 
-// Map ahead: the opens made ahead of `exporter` that an event names (`all`:
+// Ahead: the runs mapped ahead of `exporter` that an event names (`all`:
 // every one) go, as their last close would: nothing made ahead outlives the
 // memory's pause or free, or the exporter's being followed. Caller holds the
 // exporter's placement locks.
@@ -111,7 +111,7 @@ size_t DropOpensAhead(ImportSide& importer, const ledger::ExporterId& exporter, 
                       bool all) {
   const ledger::CloseResult dropped = importer.DropAhead(exporter, base, all);
   if (UnmapDroppedAhead(dropped)) {
-    VMMIPC_LOG_DEBUG("map ahead: dropped what was opened ahead of pid {}{}: {} chunk(s) unmapped",
+    VMMIPC_LOG_DEBUG("ahead: dropped what was mapped ahead of pid {}{}: {} chunk(s) unmapped",
                      exporter.pid, all ? "" : fmt::format(" at 0x{:x}", base),
                      dropped.to_unmap.size());
   }
@@ -168,31 +168,12 @@ AckStatus OnMappedEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept 
   }
 }
 
-// Prefetch: what this process holds of exporter `tag` ahead of its opens,
-// dropped: a chunk an event names (`all`: everything of the exporter). The
-// fds close here, on the follow thread, outside the locks.
-size_t DropPrefetched(uint64_t tag, uint64_t base, bool all) {
-  std::vector<ledger::PrefetchedChunk> dropped;
-  ImportSide& importer = Importer();
-  const size_t count = importer.DropPrefetched(ExporterOf(tag), base, all, &dropped);
-  // Imported ahead (VMMIPC_PREFETCH=2): released in the caller's context
-  // (the follow thread's is the importer's: UseFollowContext).
-  for (const ledger::PrefetchedChunk& chunk : dropped)
-    if (chunk.imported != 0) ReleaseImported(chunk.imported);
-  if (count != 0) {
-    stats::Count(stats::Counter::kPrefetchedDropped, count);
-    VMMIPC_LOG_DEBUG("prefetch: dropped {} prefetched chunk(s) of pid {}{}", count,
-                     static_cast<uint32_t>(tag >> 32), all ? "" : fmt::format(" at 0x{:x}", base));
-  }
-  return count;
-}
-
-// Map ahead: an exporter announced a handle it handed out. Queued for the
-// ahead thread (core/import/ahead/ahead_opens.h) when it names that exporter's
+// Ahead: an exporter announced a handle it handed out. Queued for the
+// ahead thread (core/import/ahead.h) when it names that exporter's
 // memory; acked at once either way (it asks for nothing).
 AckStatus OnAnnounce(uint64_t tag, const Event& event) noexcept {
   try {
-    if (!MapAheadOn()) return AckStatus::kNotHeld;
+    if (!AheadOn()) return AckStatus::kNotHeld;
     stats::Count(stats::Counter::kAnnouncementsReceived);
     ledger::Vmm2Handle h;
     static_assert(sizeof(event.handle) == ledger::kHandleSize);
@@ -202,11 +183,11 @@ AckStatus OnAnnounce(uint64_t tag, const Event& event) noexcept {
       // Only its own memory: a same-user exporter could otherwise make this
       // process fetch from another one (which any handle could, but not unasked).
       stats::Count(stats::Counter::kAnnouncementsDropped);
-      VMMIPC_LOG_DEBUG("map ahead: pid {} announced a handle that is not its own; ignored",
+      VMMIPC_LOG_DEBUG("ahead: pid {} announced a handle that is not its own; ignored",
                        exporter.pid);
       return AckStatus::kFailed;
     }
-    if (!Importer().ahead().Queue(event.handle, OpenAhead))
+    if (!Importer().ahead().Queue(event.handle, MapAhead))
       stats::Count(stats::Counter::kAnnouncementsDropped);
     return AckStatus::kDone;
   } catch (...) {
@@ -214,21 +195,10 @@ AckStatus OnAnnounce(uint64_t tag, const Event& event) noexcept {
   }
 }
 
-// The follow thread's handler. What is mapped first and the event logged for
-// the opens in flight, then what was prefetched: an open that kept what its
-// fetch prefetched before the event was logged has it dropped here; one that
-// kept it after has the event in its log (core/import/import_side.h).
+// The follow thread's handler.
 AckStatus OnEvent(uint64_t tag, const Event& event, ScopedFd fd) noexcept {
   if (event.kind == EventKind::kAnnounce) return OnAnnounce(tag, event);
-  AckStatus status = OnMappedEvent(tag, event, std::move(fd));
-  try {
-    if (DropPrefetched(tag, event.base, event.kind == EventKind::kUnfollowed) != 0 &&
-        status == AckStatus::kNotHeld)
-      status = AckStatus::kDone;  // it held fds of it: they are closed
-  } catch (...) {
-    return AckStatus::kFailed;
-  }
-  return status;
+  return OnMappedEvent(tag, event, std::move(fd));
 }
 
 // The watch connection to exporter `tag` ended (it exited, or broke the
@@ -244,7 +214,6 @@ void OnWatchEnded(uint64_t tag) noexcept {
         placement.emplace_back(importer.placement_mutex_at(index));
       DropOpensAhead(importer, exporter, 0, true);
     }
-    DropPrefetched(tag, 0, true);
   } catch (...) {
   }
 }
@@ -279,7 +248,6 @@ void KeepWatch(ImportSide& importer, uint32_t pid, uint32_t instance,
   // An open of each exporter not followed yet asks again: rate-limited.
   static log::LineLimit lines;
   if (!importer.follow().AddWatch(Tag(pid, instance), std::move(connection), make, &error)) {
-    DropPrefetched(Tag(pid, instance), 0, true);
     log::LogLimited(lines, log::Level::kWarn, "follow", "failures to follow an exporter",
                     "follow: cannot follow exporter pid {}: {}; its pauses and resumes are not "
                     "followed here",

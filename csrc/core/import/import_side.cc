@@ -13,12 +13,10 @@ std::optional<uint64_t> ImportSide::Reopen(const ledger::OpenKey& key, ledger::R
 std::optional<uint64_t> ImportSide::ReopenOrEndOpen(const ledger::OpenKey& key,
                                                     ledger::Reopener* who, uint64_t in_flight,
                                                     std::vector<ledger::FollowEvent>* missed,
-                                                    bool* overflowed, PrefetchKeep* keep) {
+                                                    bool* overflowed) {
   return WithTable([&](ledger::ImportTable& table) -> std::optional<uint64_t> {
     *overflowed = false;
     if (in_flight != 0) *missed = in_flight_.TakeLog(in_flight, overflowed);
-    if (keep != nullptr && !keep->runs.empty())
-      KeepPrefetchedLocked(key.exporter, *missed, *overflowed, keep);
     return table.Reopen(key, who);
   });
 }
@@ -106,6 +104,10 @@ ledger::CloseResult ImportSide::DropAheadKey(const ledger::OpenKey& key) {
 
 ledger::AheadUse ImportSide::AheadOf(const ledger::ExporterId& exporter) {
   return WithTable([&](ledger::ImportTable& table) { return table.AheadOf(exporter); });
+}
+
+std::optional<uint32_t> ImportSide::FirstSlotOf(const ledger::ExporterId& exporter) {
+  return WithTable([&](ledger::ImportTable& table) { return table.FirstSlotOf(exporter); });
 }
 
 bool ImportSide::RunAt(uint64_t address, uint64_t* base, uint64_t* size) {

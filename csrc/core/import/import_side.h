@@ -34,14 +34,6 @@
 //    flight from before its fetch until it ends, after its record (having
 //    taken its log, it is sent no more events: the follow thread waits for
 //    its placement lock and finds the record).
-//  - Prefetch: the prefetched fds (ledger/prefetched_fds.h) are read and
-//    written under import_mutex_ and, inside it, prefetch_mutex_, a fork
-//    lock (so that a forked child can always close its copies). An open
-//    keeps what its fetch prefetched in the hold of import_mutex_ that ends
-//    its flight, and the follow thread drops what an event names after it
-//    logged the event for the opens in flight: either the open's log has
-//    the event, or the drop finds what the open kept
-//    (core/import/ahead/import_prefetch.cc).
 #pragma once
 
 #include <condition_variable>
@@ -55,14 +47,12 @@
 #include <vector>
 
 #include "common/fork_lock.h"
-#include "core/import/ahead/ahead_opens.h"
+#include "core/import/ahead.h"
 #include "core/import/import_follow.h"
-#include "core/prefetch.h"
 #include "ledger/handle_codec.h"
 #include "ledger/import_table.h"
 #include "ledger/import_zone.h"
 #include "ledger/in_flight_opens.h"
-#include "ledger/prefetched_fds.h"
 #include "ledger/zone_anchor_table.h"
 #include "transport/client/fetch_client.h"
 
@@ -79,20 +69,10 @@ class ImportSide {
   // flight `in_flight` (from BeginOpen; 0: none), `*overflowed` when more came
   // than its log holds. Takes the open's log either way (it stays listed
   // in flight until EndOpen: ledger::InFlightOpens::TakeLog).
-  // Prefetch: the runs an open's fetch brought besides its own, kept in the
-  // same hold when this process still follows their exporter (a watch
-  // connection to `watch_tag` is kept) and no event in the open's log
-  // touched them; the fds of the rest go to `dropped`, for the caller to close.
-  struct PrefetchKeep {
-    std::vector<std::vector<ledger::PrefetchedChunk>> runs;
-    uint64_t watch_tag = 0;
-    size_t kept = 0;                // out: chunks kept
-    std::vector<ScopedFd> dropped;  // out
-  };
   std::optional<uint64_t> ReopenOrEndOpen(const ledger::OpenKey& key, ledger::Reopener* who,
                                           uint64_t in_flight,
                                           std::vector<ledger::FollowEvent>* missed,
-                                          bool* overflowed, PrefetchKeep* keep = nullptr);
+                                          bool* overflowed);
 
   // The chunks one open maps, and the targets its record holds.
   struct RunPlan {
@@ -123,18 +103,20 @@ class ImportSide {
   // else the key of the open that returned `pointer`, if one did.
   bool KeyToClose(uint64_t pointer, std::optional<ledger::OpenKey>* key);
   // Records a mapped open: its newly mapped chunks, then the open itself
-  // (false: an open ahead found the run open already; nothing recorded).
+  // (false: a run mapped ahead found it open already; nothing recorded).
   bool AddOpen(const std::vector<ledger::MappedChunk>& mapped, ledger::OpenRecord record);
   // One close of `pointer` (ledger::ImportTable::Close).
   ledger::CloseResult Close(uint64_t pointer);
-  // Map ahead (ledger::ImportTable::DropAhead, DropAheadKey, AheadOf). The
-  // caller holds the placement locks of what it drops, and unmaps.
+  // Ahead (ledger::ImportTable::DropAhead, DropAheadKey, AheadOf,
+  // FirstSlotOf). The caller holds the placement locks of what it drops,
+  // and unmaps.
   ledger::CloseResult DropAhead(const ledger::ExporterId& exporter, uint64_t base, bool all);
   ledger::CloseResult DropAheadKey(const ledger::OpenKey& key);
   ledger::AheadUse AheadOf(const ledger::ExporterId& exporter);
-  // The announced handles waiting to be opened ahead, and the thread that
-  // opens them (core/import/ahead/ahead_opens.h).
-  AheadOpens& ahead() { return ahead_; }
+  std::optional<uint32_t> FirstSlotOf(const ledger::ExporterId& exporter);
+  // The announced handles waiting to be mapped ahead, and the worker that
+  // maps them (core/import/ahead.h).
+  AheadWorker& ahead() { return ahead_; }
   // The imported run holding `address`, for the range queries; false when
   // vmmipc did not map it.
   bool RunAt(uint64_t address, uint64_t* base, uint64_t* size);
@@ -154,36 +136,6 @@ class ImportSide {
   std::vector<ledger::FollowEvent> EndOpen(uint64_t id, bool* overflowed);
   // Logs `event` for the opens of `exporter` in flight; false when none is.
   bool LogForOpensInFlight(const ledger::ExporterId& exporter, const ledger::FollowEvent& event);
-
-  // Prefetch (ledger::PrefetchedFds, core/import/ahead/import_prefetch.cc): the
-  // run an open of a handle at `base` would fetch, taken out (empty: fetch).
-  std::vector<ledger::PrefetchedChunk> TakePrefetched(const ledger::ExporterId& exporter,
-                                                      uint64_t base, uint64_t size,
-                                                      uint32_t generation, uint64_t region_base);
-  // A follow event at `base` (unfollowed: `all`), after it was logged for the
-  // opens in flight: what is kept of it is dropped, its fds moved to
-  // `*dropped`; returns how many chunks.
-  size_t DropPrefetched(const ledger::ExporterId& exporter, uint64_t base, bool all,
-                        std::vector<ledger::PrefetchedChunk>* dropped);
-  size_t prefetched_fd_count();
-  // An exporter that refused the prefetch flag (an older vmmipc): asked without from then on.
-  void NoPrefetchFrom(const ledger::ExporterId& exporter);
-  bool PrefetchRefusedBy(const ledger::ExporterId& exporter);
-  // Import ahead (VMMIPC_PREFETCH=2, core/import/ahead/import_ahead.cc): one
-  // thread, started by the first call, that imports the kept chunks' fds
-  // with `import` (outside every lock) and keeps the handles with them (an
-  // open that takes them maps those); one that went meanwhile has its handle
-  // released with `release`. Wakes the thread. False when it cannot start.
-  using ImportFn = bool (*)(int fd, uint64_t* handle);
-  using ReleaseFn = void (*)(uint64_t handle);
-  bool StartImportAhead(ImportFn import, ReleaseFn release);
-  ~ImportSide();
-
-  // The fork handlers' (core/process_state.cc), for prefetch_mutex_; in a
-  // forked child, closes its copies of the prefetched fds.
-  void PreparePrefetchFork() noexcept { prefetch_mutex_.PrepareFork(); }
-  void ParentPrefetchAfterFork() noexcept { prefetch_mutex_.ParentAfterFork(); }
-  void ClosePrefetchedAfterFork() noexcept;
 
   // The placement lock of a handle: its rank slot, or its exporter's pid
   // when the exporter has no rank (rank_slot is ledger::kUnranked).
@@ -262,23 +214,7 @@ class ImportSide {
 
   ledger::InFlightOpens in_flight_;  // under import_mutex_
 
-  // Keeps `keep`'s runs; caller holds import_mutex_.
-  void KeepPrefetchedLocked(const ledger::ExporterId& exporter,
-                            const std::vector<ledger::FollowEvent>& missed, bool overflowed,
-                            PrefetchKeep* keep);
-  ForkMutex prefetch_mutex_;  // inside import_mutex_
-  ledger::PrefetchedFds prefetched_{kMaxPrefetchedFdsPerExporter, kMaxPrefetchedBytesPerExporter};
-  std::set<ledger::ExporterId> no_prefetch_;  // under import_mutex_
-
-  // Import ahead: the thread (never joined in a process's own state, which
-  // is never destroyed; a forked child's is parked), woken through
-  // import_ahead_wake_ under import_mutex_.
-  void ImportAheadLoop(ImportFn import, ReleaseFn release);
-  std::unique_ptr<std::thread> import_ahead_thread_;  // under import_mutex_
-  std::condition_variable import_ahead_wake_;
-  bool import_ahead_stop_ = false;  // under import_mutex_
-
-  AheadOpens ahead_;  // before follow_: the follow thread queues here until it stops
+  AheadWorker ahead_;  // before follow_: the follow thread queues here until it stops
   ImportFollow follow_;
 };
 

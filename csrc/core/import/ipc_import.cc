@@ -20,13 +20,11 @@ namespace vmmipc::core {
 namespace {
 
 // The same handle already open here: one more open of its pointer, or the
-// adoption of an open made ahead (nothing for an open ahead to do).
+// adoption of a run mapped ahead (nothing for the ahead worker to do).
 bool Reopened(std::optional<uint64_t> again, const Opening& open, CUdeviceptr* pointer) {
   if (!again) return false;
-  if (open.reopener.adopted)
-    stats::Count(stats::Counter::kOpensAdopted);
-  else if (!open.ahead)
-    stats::Count(stats::Counter::kReopens);
+  if (open.reopener.adopted) stats::Count(stats::Counter::kOpensAdopted);
+  if (open.reopener.reopened) stats::Count(stats::Counter::kReopens);
   *pointer = *again;
   return true;
 }
@@ -35,8 +33,9 @@ bool Reopened(std::optional<uint64_t> again, const Opening& open, CUdeviceptr* p
 
 CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer) {
   open->reopener = {};
-  open->reopener.ahead = open->ahead;
+  open->reopener.advances_to = open->advances_to;
   open->reopener.device = static_cast<int32_t>(open->device);
+  open->reopener.opened_address = open->opened_address;
   if (Reopened(importer.Reopen(open->key, &open->reopener), *open, pointer)) return CUDA_SUCCESS;
   FollowedOpen followed(importer, open->handle);
   VMMIPC_RETURN_IF_ERROR(FetchRun(followed, open));
@@ -49,19 +48,20 @@ CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer) 
   std::optional<uint64_t> again;
   VMMIPC_RETURN_IF_ERROR(followed.CatchUp(open, &again));
   if (Reopened(again, *open, pointer)) return CUDA_SUCCESS;
-  // An open ahead of memory the exporter paused or changed while it was
-  // fetched is not made: its record would outlive a free it already heard
-  // of. Nor once its watch connection is gone: nothing would drop it (the
-  // watch client forgets the connection before it drops what was opened
-  // ahead under these placement locks).
-  if (open->ahead &&
+  // A run of memory the exporter paused or changed while it was fetched is
+  // not mapped ahead: its record would outlive a free it already heard of.
+  // Nor once its watch connection is gone: nothing would drop it (the watch
+  // client forgets the connection before it drops what was mapped ahead
+  // under these placement locks).
+  if (open->ahead() &&
       (std::any_of(open->run.begin(), open->run.end(),
                    [](const auto& chunk) { return chunk.paused || chunk.refused; }) ||
        !importer.follow().Watches(WatchTag({open->handle.pid, open->handle.instance}))))
     return CUDA_ERROR_ALREADY_MAPPED;
-  // An open made ahead for another device than this one's is in the way:
-  // taken out (under this placement lock), and this open goes on as usual.
-  if (open->reopener.other_device) (void)UnmapDroppedAhead(importer.DropAheadKey(open->key));
+  // A run mapped ahead for another device, or at a pointer this open's
+  // interior rule does not give, is in the way: taken out (under this
+  // placement lock), and this open goes on as a fresh one.
+  if (open->reopener.in_the_way) (void)UnmapDroppedAhead(importer.DropAheadKey(open->key));
   VMMIPC_RETURN_IF_ERROR(PlaceRun(importer, open));
   VMMIPC_RETURN_IF_ERROR(MapRun(importer, open));
   RecordOpen(importer, open);
@@ -74,7 +74,7 @@ CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& raw, unsig
   Opening open;
   if (const std::optional<CUresult> done = DecodeOpen(pointer, raw, flags, v2, &open)) return *done;
   ImportSide& importer = Importer();
-  // Map ahead: no open ahead begins while this one is in progress.
+  // Ahead: the worker begins no run while this open is in progress.
   AppOpenScope in_progress(importer.ahead());
   return OpenDecoded(importer, &open, pointer);
 }

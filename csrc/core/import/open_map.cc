@@ -31,18 +31,6 @@ CUresult OpenAccessByStretch(const ImportSide::RunPlan& plan, CUdevice device) {
 
 }  // namespace
 
-ImportedAhead::~ImportedAhead() {
-  for (const auto& [fd, handle] : by_fd) ReleaseImported(handle);
-}
-
-uint64_t ImportedAhead::Take(int fd) {
-  auto it = by_fd.find(fd);
-  if (it == by_fd.end()) return 0;
-  const uint64_t handle = it->second;
-  by_fd.erase(it);
-  return handle;
-}
-
 CUresult MapRun(ImportSide& importer, Opening* open) {
   open->map_start = SteadyClock::now();
   const Placement& placement = open->placement;
@@ -56,11 +44,7 @@ CUresult MapRun(ImportSide& importer, Opening* open) {
   for (; result == CUDA_SUCCESS && mapped_count < plan.mapped_now.size(); ++mapped_count) {
     if (plan.fd_to_map[mapped_count] < 0) continue;  // paused by its exporter: the range waits
     const ledger::MappedChunk& chunk = plan.mapped_now[mapped_count];
-    // Prefetch may have imported it already: then only the map is left.
-    const uint64_t ahead = open->imported.Take(plan.fd_to_map[mapped_count]);
-    if (ahead != 0) stats::Count(stats::Counter::kChunksImportedAhead);
-    result = ahead != 0 ? MapImportedChunk(ahead, chunk.target, chunk.size)
-                        : MapChunk(plan.fd_to_map[mapped_count], chunk.target, chunk.size);
+    result = MapChunk(plan.fd_to_map[mapped_count], chunk.target, chunk.size);
     if (result != CUDA_SUCCESS) break;
   }
   open->import_and_map_us = MicrosSince(open->map_start);
@@ -85,22 +69,28 @@ void RecordOpen(ImportSide& importer, Opening* open) {
   record.zone_slot = open->placement.zone_slot;
   record.private_reservation = open->placement.private_reservation;
   record.private_reservation_size = open->placement.private_size;
-  record.ahead = open->ahead;
+  record.state = open->advances_to;
+  record.opened_address = open->opened_address;
   record.device = static_cast<int32_t>(open->device);
-  if (!importer.AddOpen(open->plan.mapped_now, record)) return;  // ahead: open already
+  if (!importer.AddOpen(open->plan.mapped_now, record)) return;  // ahead: mapped already
   for (const ledger::MappedChunk& chunk : open->plan.mapped_now) {
     stats::Count(stats::Counter::kChunksMapped);
     stats::Count(stats::Counter::kBytesMapped, chunk.size);
   }
-  stats::Count(open->ahead ? stats::Counter::kOpensAhead : stats::Counter::kHandlesOpened);
+  // The counter of the state the run reached: opens_ahead, handles_opened.
+  constexpr stats::Counter kReached[] = {stats::Counter::kOpensAhead,
+                                         stats::Counter::kHandlesOpened};
+  static_assert(static_cast<int>(ledger::RunState::kMappedAhead) == 0 &&
+                static_cast<int>(ledger::RunState::kOpened) == 1);
+  stats::Count(kReached[static_cast<int>(open->advances_to)]);
   if (open->fetched.watch.fd.valid())
     KeepWatch(importer, h.pid, h.instance, std::move(open->fetched.watch));
   const int64_t map_us = MicrosSince(open->map_start);
   VMMIPC_LOG_DEBUG(
-      "opened{} 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
+      "{} 0x{:x} of pid {} at 0x{:x}: {} chunks, {} newly mapped; fetch {} us "
       "({} {} us, answer {} us), place {} us, map {} us (import_map {} us, set_access {} us)",
-      open->ahead ? " ahead" : "", h.address, h.pid, record.pointer, record.chunks.size(),
-      open->plan.mapped_now.size(), open->fetch_us,
+      ledger::RunStateName(open->advances_to), h.address, h.pid, record.pointer,
+      record.chunks.size(), open->plan.mapped_now.size(), open->fetch_us,
       open->fetched.warm ? "warm connection" : "connect", open->fetched.connect_us,
       open->fetched.answer_us, open->place_us, map_us, open->import_and_map_us,
       map_us - open->import_and_map_us);

@@ -74,6 +74,7 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
   uint64_t target = 0;
   const char* why_not = WhyNoSlot(importer, *open, &target);
   bool repeat = false;
+  bool other_run = false;
   std::string collision;
   if (why_not == nullptr) {
     open->placement.run_target = target;
@@ -85,8 +86,8 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
         open->place_us = MicrosSince(place_start);
         return CUDA_SUCCESS;
       case ImportSide::Claim::kOtherRun:
-        if (open->ahead) return CUDA_ERROR_ALREADY_MAPPED;  // the application's open says it
-        return OtherRun(*open);
+        other_run = true;
+        break;
       case ImportSide::Claim::kCollision:
         stats::Count(stats::Counter::kSlotCollisions);
         repeat = claimed.repeat;
@@ -107,10 +108,11 @@ CUresult PlaceRun(ImportSide& importer, Opening* open) {
         break;
     }
   }
-  // An open ahead goes only where the application's open would go for sure:
-  // its deterministic address. Else the application's open places it (and
-  // says why, once).
-  if (open->ahead) return CUDA_ERROR_ALREADY_MAPPED;
+  // A run mapped ahead goes only where the application's open would go for
+  // sure: its deterministic address. Else the application's open places it
+  // (and says why, once).
+  if (open->ahead()) return CUDA_ERROR_ALREADY_MAPPED;
+  if (other_run) return OtherRun(*open);
   SayBestEffort(*open, why_not, repeat);
   stats::Count(stats::Counter::kPlacementsBestEffort);
   Placement& placement = open->placement;

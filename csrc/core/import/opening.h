@@ -35,24 +35,13 @@ struct Placement {
   uint64_t private_size = 0;
 };
 
-// Import ahead (VMMIPC_PREFETCH=2): the driver handles of a prefetched run's
-// chunks imported before the open, by the fd the open holds for each (held
-// until the open ends, so no number is reused meanwhile). The map step takes
-// them; what it does not take is released when the open ends.
-struct ImportedAhead {
-  std::map<int, uint64_t> by_fd;
-  ImportedAhead() = default;
-  ImportedAhead(const ImportedAhead&) = delete;
-  ImportedAhead& operator=(const ImportedAhead&) = delete;
-  ~ImportedAhead();
-  // The handle imported for `fd` (the caller owns it now); 0: none.
-  uint64_t Take(int fd);
-};
-
 struct Opening {
-  // Map ahead (VMMIPC_PREFETCH=3): opened by the ahead thread for an
-  // exporter's announcement, not by the application (core/import/ahead/open_ahead.cc).
-  bool ahead = false;
+  // The state this open advances its run to (ledger::RunState): kOpened for
+  // the application's open, kMappedAhead for the ahead worker's
+  // (core/import/ahead.cc), whose run goes only where the application's open
+  // would put it and stays unreturned until that open adopts it.
+  ledger::RunState advances_to = ledger::RunState::kOpened;
+  bool ahead() const { return advances_to == ledger::RunState::kMappedAhead; }
   // decode
   ledger::Vmm2Handle handle;
   ledger::OpenKey key;
@@ -61,7 +50,6 @@ struct Opening {
   uint64_t opened_address = 0;  // the exporter address whose image the open returns
   // fetch
   transport::FetchResult fetched;  // the run, each chunk with its fd
-  ImportedAhead imported;          // prefetch: handles imported ahead, by fd
   int64_t fetch_us = 0;
   // catch up: the run as it will be mapped (generations after the exporter's
   // pauses and resumes during the fetch, paused chunks without an fd)
@@ -101,8 +89,6 @@ std::optional<CUresult> DecodeOpen(CUdeviceptr* pointer, const CUipcMemHandle& r
 // fetch: the run from the exporter, checked to start at the handle's chunk
 // and to be contiguous. Holds no lock: a stopped or slow exporter delays only
 // the opens of its own handles, each bounded by VMMIPC_TIMEOUT_MS.
-// With prefetch, an earlier fetch may have brought the run already: then no
-// round trip at all (FollowedOpen::TakePrefetched).
 CUresult FetchRun(FollowedOpen& followed, Opening* open);
 
 // place: the run's zone slot when the exporter is ranked, the slot serves no
@@ -124,13 +110,14 @@ CUresult MapRun(ImportSide& importer, Opening* open);
 void RecordOpen(ImportSide& importer, Opening* open);
 
 // Every step after decode, in order (core/import/ipc_import.cc): the
-// application's open and an open ahead (open->ahead) alike. Takes the
+// application's open and the ahead worker's alike. Takes the
 // placement lock itself.
 CUresult OpenDecoded(ImportSide& importer, Opening* open, CUdeviceptr* pointer);
 
-// Map ahead: opens the announced `handle` ahead of the application, on the
-// ahead thread (core/import/ahead/ahead_opens.h). Never throws; failures are
-// counted and said at debug level (the application's own open then does it).
-void OpenAhead(const AheadOpens::Handle& handle) noexcept;
+// Ahead: advances the announced `handle`'s run to mapped, ahead of the
+// application, on the ahead worker (core/import/ahead.h). Never throws;
+// failures are counted and said at debug level (the application's own open
+// then does it).
+void MapAhead(const AheadWorker::Handle& handle) noexcept;
 
 }  // namespace vmmipc::core
