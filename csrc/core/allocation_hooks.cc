@@ -85,6 +85,7 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
   const bool follow = config::Get().follow;
   if (follow) FollowUnmap(state, taken);
   const CUresult result = VMMIPC_REAL(MemUnmap, pointer, size);
+  if (result == CUDA_SUCCESS) SayUnfollowedUnmap(taken);
   if (result != CUDA_SUCCESS) {
     state.exporter.mappings().Restore(taken.records);
     // The memory is still here: importers that followed the pause map it again.

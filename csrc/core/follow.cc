@@ -4,6 +4,8 @@
 #include "core/follow.h"
 
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,7 +60,45 @@ std::vector<uint32_t> Followers(const std::vector<uint32_t>& holders,
 
 using transport::wire::EventKind;
 
+std::atomic<bool> said_unfollowed{false};
+
 }  // namespace
+
+void SayUnfollowedUnmap(const ledger::TakenMappings& taken) {
+  std::map<uint32_t, uint64_t> bytes_by_pid;
+  size_t chunks = 0;
+  for (size_t i = 0; i < taken.unfollowed.size() && i < taken.records.size(); ++i) {
+    if (taken.unfollowed[i].empty()) continue;
+    ++chunks;
+    stats::Count(stats::Counter::kUnfollowedBytes, taken.records[i].size);
+    for (uint32_t pid : taken.unfollowed[i]) bytes_by_pid[pid] += taken.records[i].size;
+  }
+  if (chunks == 0) return;
+  stats::Count(stats::Counter::kUnfollowedUnmaps, chunks);
+  if (said_unfollowed.exchange(true, std::memory_order_relaxed)) return;
+  std::string who;
+  uint64_t pinned = 0;
+  for (const auto& [pid, bytes] : bytes_by_pid) {
+    if (who.size() < 200)
+      who += fmt::format("{}{} ({} MiB)", who.empty() ? "" : ", ",
+                         pid == ledger::VmmMappings::kUnknownPid
+                             ? "a process outside this pid namespace"
+                             : transport::PeerPidText(pid),
+                         bytes >> 20);
+    pinned = std::max(pinned, bytes);
+  }
+  const bool here = !config::Get().follow;
+  VMMIPC_LOG_WARN(
+      "follow: {} chunk(s) unmapped here were granted to {} without follow ({}): each keeps "
+      "that memory allocated for as long as it maps it (at least {} MiB stay pinned), and "
+      "after a resume it still reads the old memory; {} (this is said once; VMMIPC_STATS "
+      "counts every such unmap)",
+      chunks, who,
+      here ? "VMMIPC_FOLLOW=0 here" : "VMMIPC_FOLLOW=0 there, or a vmmipc without follow",
+      pinned >> 20,
+      here ? "remove VMMIPC_FOLLOW=0 here (follow is on by default)"
+           : "remove VMMIPC_FOLLOW=0 there, or use the same vmmipc in every process");
+}
 
 void FollowUnmap(ProcessState& state, const ledger::TakenMappings& taken) {
   if (!state.exporter.listener_ready()) return;  // never exported

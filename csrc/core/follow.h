@@ -8,8 +8,9 @@
 // importer address (so their pointers, and CUDA graphs over them, stay
 // valid). docs/protocol.md, "Follow", has the exchange; docs/architecture.md
 // the rules (what an importer that touches paused memory gets, importers
-// that are gone, why it is off by default). This is the exporter's half; the
-// importer's is core/import/follow_import.h.
+// that are gone). On by default: without it an importer keeps the memory its
+// exporter unmaps. This is the exporter's half; the importer's is
+// core/import/follow_import.h.
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,12 @@ void FollowUnmap(ProcessState& state, const ledger::TakenMappings& taken);
 // importers followed a pause of a chunk at the same base, sends them the new
 // memory and waits until they mapped it.
 void FollowMap(ProcessState& state, const ledger::VmmMapping& mapping);
+// The cuMemUnmap hook, once the driver unmapped `taken`, whatever the
+// setting: chunks granted to importers that do not follow them (their
+// VMMIPC_FOLLOW=0, an older vmmipc, or this process's VMMIPC_FOLLOW=0) stay
+// allocated for as long as those importers map them, and they never see a
+// resume. Counted (unfollowed_unmaps, unfollowed_bytes), and said once per
+// process at warning level: who, how many bytes, what to set.
+void SayUnfollowedUnmap(const ledger::TakenMappings& taken);
 
 }  // namespace vmmipc::core

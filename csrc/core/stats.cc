@@ -151,18 +151,12 @@ std::string Format() {
     out += "  zone anchors: " +
            Group(Counter::kZoneAnchorsMapped, Counter::kZoneAnchorsDropped, false) + "\n";
   // Only where follow did something (VMMIPC_FOLLOW=1 and a pause or resume).
-  if (Any(Counter::kFollowNotices, Counter::kFollowResumeRefused))
-    out +=
-        "  follow: " + Group(Counter::kFollowNotices, Counter::kFollowResumeRefused, false) + "\n";
-  // Only where prefetch did something (VMMIPC_PREFETCH=1 with follow).
-  if (Any(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched))
-    out += "  prefetch: " + Group(Counter::kChunksPrefetchedOut, Counter::kOpensPrefetched, false) +
-           "\n";
-  // Only where map ahead did something (VMMIPC_PREFETCH=3 with follow).
+  if (Any(Counter::kFollowNotices, Counter::kUnfollowedBytes))
+    out += "  follow: " + Group(Counter::kFollowNotices, Counter::kUnfollowedBytes, false) + "\n";
+  // Only where ahead did something (VMMIPC_AHEAD=1 with follow).
   if (Any(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped))
     out +=
-        "  map ahead: " + Group(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped, false) +
-        "\n";
+        "  ahead: " + Group(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped, false) + "\n";
   out += "  open failures: " + Group(kFirstFetchFailure, Counter::kOpenFailedInvalid, true);
   return out;
 }

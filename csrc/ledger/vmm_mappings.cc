@@ -24,7 +24,7 @@ void VmmMappings::TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken)
   while (it != records_.end() && it->second.mapping.base < base + size) {
     taken->records.push_back(it->second.mapping);
     taken->holders.push_back(std::move(it->second.holders));
-    if (it->second.handed_out) handed_out_.erase(it->first);
+    taken->unfollowed.push_back(std::move(it->second.unfollowed));
     if (it->second.fd.valid()) {
       --cached_fds_;
       taken->fds.push_back(std::move(it->second.fd));
@@ -80,7 +80,8 @@ std::vector<VmmMapping> VmmMappings::Run(uint64_t base, uint64_t end, size_t max
   return run;
 }
 
-bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run, uint32_t follower) {
+bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run, uint32_t follower,
+                              uint32_t unfollowed_pid) {
   std::unique_lock lock(mutex_);
   for (const VmmMapping& m : run) {
     auto it = records_.find(m.base);
@@ -93,6 +94,13 @@ bool VmmMappings::StillMapped(const std::vector<VmmMapping>& run, uint32_t follo
       std::vector<uint32_t>& holders = records_.find(m.base)->second.holders;
       if (std::find(holders.begin(), holders.end(), follower) == holders.end())
         holders.push_back(follower);
+    }
+  if (unfollowed_pid != 0)
+    for (const VmmMapping& m : run) {
+      std::vector<uint32_t>& pids = records_.find(m.base)->second.unfollowed;
+      if (pids.size() < kMaxUnfollowedPerChunk &&
+          std::find(pids.begin(), pids.end(), unfollowed_pid) == pids.end())
+        pids.push_back(unfollowed_pid);
     }
   return true;
 }

@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <shared_mutex>
 #include <vector>
 
@@ -55,23 +54,10 @@ struct TakenMappings {
   // Per record: the followers (importers' follower ids) it was granted to,
   // when follow records them (StillMapped, AddHolder); they are told of the unmap.
   std::vector<std::vector<uint32_t>> holders;
-};
-
-// Prefetch: one run sent to an importer that did not ask for it, from a
-// chunk a handle was handed out for to the end of its region, with a dup of
-// each chunk's cached fd.
-struct PrefetchRun {
-  std::vector<VmmMapping> chunks;
-  std::vector<ScopedFd> fds;  // one per chunk
-};
-// What one reply may prefetch, and the importer it goes to.
-struct PrefetchAsk {
-  uint32_t follower = 0;   // recorded as a holder of every chunk sent (never 0)
-  int32_t device = -1;     // only runs of this device (the handle's: one rank slot)
-  uint64_t skip_base = 0;  // the handle's run, sent anyway: [skip_base, skip_end)
-  uint64_t skip_end = 0;
-  size_t max_chunks = 0;
-  uint64_t max_bytes = 0;
+  // Per record: the importers (pids, as the listener saw them) it was granted
+  // to without follow (StillMapped): they are not told of the unmap, and
+  // keep the memory for as long as they map it.
+  std::vector<std::vector<uint32_t>> unfollowed;
 };
 
 // A chunk unmapped while importers held it (a memory saver's pause): who
@@ -104,8 +90,15 @@ class VmmMappings {
   // True when every record of `run` is still in the table with its
   // generation; then, when `follower` is not 0, records it as a holder of
   // each, in the same step: an unmap (Take) either comes first, and the grant
-  // is refused, or sees the holder, and tells it.
-  bool StillMapped(const std::vector<VmmMapping>& run, uint32_t follower = 0);
+  // is refused, or sees the holder, and tells it. `unfollowed_pid` (not 0):
+  // an importer granted the run without follow, recorded likewise (at most
+  // kMaxUnfollowedPerChunk per record: enough to name who pins the memory).
+  bool StillMapped(const std::vector<VmmMapping>& run, uint32_t follower = 0,
+                   uint32_t unfollowed_pid = 0);
+  static constexpr size_t kMaxUnfollowedPerChunk = 8;
+  // Stands for an importer granted a run whose pid is outside this pid
+  // namespace (SO_PEERCRED reads 0 for it, which StillMapped takes for none).
+  static constexpr uint32_t kUnknownPid = 0xFFFFFFFFu;
   size_t size() const;
 
   // Follow: who holds what.
@@ -118,20 +111,6 @@ class VmmMappings {
   // The paused chunk at exactly `base`, taken out; nullopt when none.
   std::optional<PausedChunk> TakePaused(uint64_t base);
   static constexpr size_t kMaxPaused = 65536;
-
-  // Prefetch (docs/protocol.md, "Prefetch").
-  // Records that a handle was handed out (get) for the mapping at `base` of
-  // `generation`; forgotten with the record.
-  void MarkHandedOut(uint64_t base, uint32_t generation);
-  // In one hold of the lock: the runs from handed-out chunks to the end of
-  // their region, every chunk still mapped, of `ask.device`, from offset 0,
-  // with a cached fd, held by no grant to `ask.follower` yet and outside the
-  // skipped range, as many whole runs as fit the bounds (a run that does not
-  // fit is left out); each chunk sent records `ask.follower` as a holder,
-  // so that an unmap tells it. At most kMaxPrefetchScan handed-out chunks
-  // are looked at per call.
-  std::vector<PrefetchRun> TakePrefetch(const PrefetchAsk& ask);
-  static constexpr size_t kMaxPrefetchScan = 4096;
 
   // The exported-fd cache.
   // Caps the number of cached fds (at least 1). Past the cap the least
@@ -159,20 +138,16 @@ class VmmMappings {
  private:
   struct Record {
     VmmMapping mapping;
-    ScopedFd fd;                    // the exported fd, when cached
-    uint64_t last_use = 0;          // cache clock, for eviction
-    std::vector<uint32_t> holders;  // followers granted it (follow only)
-    bool handed_out = false;        // a handle was handed out for it (prefetch only)
+    ScopedFd fd;                       // the exported fd, when cached
+    uint64_t last_use = 0;             // cache clock, for eviction
+    std::vector<uint32_t> holders;     // followers granted it (follow only)
+    std::vector<uint32_t> unfollowed;  // pids granted it without follow
   };
-  // The complete run from `start` for TakePrefetch; empty when it is none.
-  std::vector<std::map<uint64_t, Record>::iterator> PrefetchableRun(
-      std::map<uint64_t, Record>::iterator start, const PrefetchAsk& ask);
   void TakeLocked(uint64_t base, uint64_t size, TakenMappings* taken);
   mutable ForkSharedMutex mutex_;
   std::map<uint64_t, Record> records_;      // by base
   std::map<uint64_t, PausedChunk> paused_;  // by base
   std::vector<uint64_t> paused_order_;      // bases, oldest first, for the bound
-  std::set<uint64_t> handed_out_;           // bases of records with handed_out (prefetch)
   uint32_t next_generation_ = 0x80000000u;  // apart from handle generations (ChunkGenerations)
   size_t fd_limit_ = 1024;
   // Written under mutex_; read without it by cached_fd_count(), which every

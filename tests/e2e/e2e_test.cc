@@ -350,9 +350,13 @@ TEST_F(EndToEnd, RankFromLocalRankWhenVmmipcRankIsUnset) {
   EXPECT_EQ(importer->Call("open " + handle), "ok " + Hex(kZoneBase + 3 * kSlotSize));
 }
 
+// Legacy semantics (VMMIPC_FOLLOW=0): the open import keeps the freed memory,
+// and the new memory at the same exporter address goes elsewhere. With follow
+// (the default) the free unmaps the import and the new memory's handle opens
+// at the old pointer (follow_test.cc, ANewHandleOfTheResumedMemoryOpensAtTheOldPointer).
 TEST_F(EndToEnd, RecreatedMemoryIsNeverAliasedWithAStaleImport) {
-  auto exporter = Peer("0");
-  auto importer = Peer("1");
+  auto exporter = Peer("0", {{"VMMIPC_FOLLOW", "0"}});
+  auto importer = Peer("1", {{"VMMIPC_FOLLOW", "0"}});
   uint64_t base1 = VmmBuffer(*exporter, "a", 1, 15);
   std::string h1 = Value(exporter->Call("get " + Hex(base1)));
   uint64_t p1 = Num(Value(importer->Call("open " + h1)));

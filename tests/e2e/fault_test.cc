@@ -302,7 +302,17 @@ int RestingFdsOf(pid_t pid, int bound_ms = 10000, int kept = 0) {
 // --- the fixture ------------------------------------------------------------------------------
 
 // The fixture is the shared one (logged_peer_test.h).
-class Fault : public LoggedPeerTest {};
+// The fault scenarios count what the fetch and serve paths hold, to the fd,
+// at rest and after each failure, and some pin legacy IPC's semantics (an
+// open import survives its exporter's free): their peers run with follow
+// off, so that the counts are those paths' alone. What follow (the default)
+// holds and does under the same faults (a gone, stopped or slow importer, an
+// exporter that stops reading, opens in flight) is tested in follow_test.cc,
+// follow_holders_test.cc and unit.WatchClient*.
+class Fault : public LoggedPeerTest {
+ protected:
+  Fault() { default_env_.emplace("VMMIPC_FOLLOW", "0"); }
+};
 
 // Warm connections through the whole library: an importer's second open of
 // an exporter goes on the connection its first one kept (the open's debug

@@ -1,11 +1,12 @@
-// "Follow" (issue 14): with VMMIPC_FOLLOW=1 in every rank, importers follow
+// "Follow" (issues 14 and 43): with follow on in every rank (the default), importers follow
 // an exporter's memory-saver pause (cuMemUnmap + cuMemRelease, the reservation
 // kept: torch_memory_saver, vLLM sleep) and resume (cuMemCreate + cuMemMap at
 // the same addresses): a pause frees the importers' mappings too, a resume maps
 // the new memory at the importer's old pointer; a gone importer does not delay
 // a pause, a stopped one costs it VMMIPC_TIMEOUT_MS and is named; a resume of
-// another size is refused; an open closed while paused leaves nothing. With the
-// switch off (the default) an importer keeps the old memory, as before.
+// another size is refused; an open closed while paused leaves nothing. With
+// VMMIPC_FOLLOW=0 an importer keeps the old memory, as legacy IPC does, and
+// the exporter says once who pins how much.
 //
 // vmmipc_peer's `pause NAME` and `resume NAME [CHUNK_SIZE]` do what
 // torch_memory_saver does on an alloc_vmm buffer. The VMMIPC_STATS counters
@@ -591,10 +592,90 @@ TEST_F(Follow, APauseWhileAnOpenMapsIsFollowedOnceTheOpenRecorded) {
   EXPECT_EQ(Settled(*importer, baseline), baseline);
 }
 
-// The documented default: nothing follows, the importer keeps the old memory alive.
+// Issue 43: a memory saver's peers are right with no setting at all. Three
+// cycles of pause, resume and write, as torch_memory_saver makes them: every
+// pause frees what the importer mapped, and after every resume the importer
+// reads and writes the new memory at its old pointer. Nothing warns.
+TEST_F(Follow, WithDefaultSettingsAMemorySaversImporterIsRightAfterEveryResume) {
+  auto [exporter, importer, base, size, s] =
+      ShareBuffer(2, 30, {{"VMMIPC_FOLLOW", kUnset}}, {{"VMMIPC_FOLLOW", kUnset}});
+  ASSERT_TRUE(exporter && importer);
+  ASSERT_FALSE(s.ptr.empty());
+  const Resources opened = Held(*importer);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    ASSERT_EQ(exporter->Call("pause a"), "ok");
+    EXPECT_EQ(Settled(*importer, s.baseline), s.baseline) << "the pause freed nothing here";
+    ExpectUnmapped(*importer, s.ptr);
+    ASSERT_EQ(exporter->Call("resume a"), "ok");
+    const std::string seed = std::to_string(31 + 2 * cycle);
+    ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " " + seed), "ok");
+    EXPECT_EQ(importer->Call("check " + s.ptr + " " + Hex(size) + " " + seed), "ok")
+        << "the importer reads an old generation";
+    const std::string back = std::to_string(32 + 2 * cycle);
+    EXPECT_EQ(importer->Call("fill " + s.ptr + " " + Hex(size) + " " + back), "ok");
+    EXPECT_EQ(exporter->Call("check " + Hex(base) + " " + Hex(size) + " " + back), "ok");
+    if (Sim()) {
+      EXPECT_EQ(Settled(*importer, opened), opened);
+    }
+  }
+  EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  const std::string exported = Report(&exporter);
+  EXPECT_EQ(exported.find(" warning: "), std::string::npos) << exported;
+  EXPECT_EQ(StatsCounter(exported, "unfollowed_unmaps"), 0u);
+  EXPECT_EQ(StatsCounter(Report(&importer), "follow_resumes"), 6u);  // 2 chunks x 3
+}
+
+// Legacy semantics, chosen: with VMMIPC_FOLLOW=0 in the importer, it keeps
+// the old memory alive. The exporter (following by default) says so once, at
+// warning level, at its first unmap of what that importer was granted: which
+// pid, how many bytes stay pinned, what to set; VMMIPC_STATS counts each such
+// unmap. Likewise when the exporter is the one with follow off.
+TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemoryAndTheExporterSaysSoOnce) {
+  for (const bool off_in_exporter : {false, true}) {
+    SCOPED_TRACE(off_in_exporter ? "VMMIPC_FOLLOW=0 in the exporter"
+                                 : "VMMIPC_FOLLOW=0 in the importer");
+    std::map<std::string, std::string> off = {{"VMMIPC_FOLLOW", "0"}};
+    std::map<std::string, std::string> unset = {{"VMMIPC_FOLLOW", kUnset}};
+    auto [exporter, importer, base, size, s] =
+        ShareBuffer(2, 40, off_in_exporter ? off : unset, off_in_exporter ? unset : off);
+    ASSERT_TRUE(exporter && importer);
+    ASSERT_FALSE(s.ptr.empty());
+    const Resources opened = Held(*importer);
+    for (int cycle = 0; cycle < 2; ++cycle) {
+      ASSERT_EQ(exporter->Call("pause a"), "ok");
+      EXPECT_EQ(Held(*importer), opened) << "the importer let go of the old memory";
+      ASSERT_EQ(exporter->Call("resume a"), "ok");
+    }
+    ASSERT_EQ(exporter->Call("fill " + Hex(base) + " " + Hex(size) + " 41"), "ok");
+    EXPECT_EQ(importer->Call("check " + s.ptr + " " + Hex(size) + " 40"), "ok");
+    EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+    const pid_t importer_pid = importer->pid();
+    const std::string exported = Report(&exporter);
+    EXPECT_TRUE(WarningNames(exported, importer_pid)) << exported;
+    EXPECT_NE(exported.find(off_in_exporter ? "remove VMMIPC_FOLLOW=0 here"
+                                            : "remove VMMIPC_FOLLOW=0 there"),
+              std::string::npos)
+        << exported;
+    // The pause unmaps chunk by chunk: the first unmap, of one chunk, says it.
+    EXPECT_NE(exported.find("at least 2 MiB stay pinned"), std::string::npos) << exported;
+    size_t warnings = 0;
+    for (size_t at = exported.find("were granted to"); at != std::string::npos;
+         at = exported.find("were granted to", at + 1))
+      ++warnings;
+    EXPECT_EQ(warnings, 1u) << "said more than once";
+    // The first cycle's pause unmapped the 2 chunks granted; what the
+    // resume mapped was granted to nobody, so the second pause says nothing.
+    EXPECT_EQ(StatsCounter(exported, "unfollowed_unmaps"), 2u);
+    EXPECT_EQ(StatsCounter(exported, "unfollowed_bytes"), 2 * kChunk);
+  }
+}
+
+// Follow off in both: nothing follows, the importer keeps the old memory alive.
 TEST_F(Follow, WithFollowOffTheImporterKeepsTheOldMemory) {
   auto [exporter, importer, base, size, s] =
-      ShareBuffer(2, 14, {{"VMMIPC_FOLLOW", kUnset}}, {{"VMMIPC_FOLLOW", kUnset}});
+      ShareBuffer(2, 14, {{"VMMIPC_FOLLOW", "0"}}, {{"VMMIPC_FOLLOW", "0"}});
   ASSERT_TRUE(exporter && importer);
   ASSERT_FALSE(s.ptr.empty());
   const Resources opened = Held(*importer);

@@ -61,9 +61,14 @@ bool GrantRun(ExportSide& exporter, Serving* serving) {
 
 bool HoldRun(ExportSide& exporter, Serving* serving) {
   // Follow: who holds each chunk, to be told when it is unmapped, recorded
-  // in the same step as the last check (ledger/vmm_mappings.h).
+  // in the same step as the last check (ledger/vmm_mappings.h); an importer
+  // that does not follow (or that this process does not tell, its follow
+  // off) is recorded too, so that the unmap can say who keeps the memory.
   const uint32_t follower = config::Get().follow ? serving->request.follower : 0;
-  if (!exporter.mappings().StillMapped(serving->run, follower))
+  const uint32_t peer =
+      serving->request.peer_pid != 0 ? serving->request.peer_pid : ledger::VmmMappings::kUnknownPid;
+  const uint32_t unfollowed = follower == 0 ? peer : 0;
+  if (!exporter.mappings().StillMapped(serving->run, follower, unfollowed))
     return Refuse(serving, transport::RefuseReason::kFreed,
                   fmt::format("the run at 0x{:x} was unmapped or re-created while it was served",
                               serving->run.front().base));
