@@ -3,7 +3,9 @@
 // that sends anything out of protocol, makes core drop what it holds of that
 // exporter (a kUnfollowed to the handler) and the connection closes.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -146,7 +148,7 @@ TEST_F(WatchClientTest, AnExporterThatHungUpIsForgottenWithoutDroppingAnything) 
   EXPECT_TRUE(seen_.kinds.empty());
 }
 
-// Prefetch: core drops what it prefetched of an exporter once nothing would
+// Ahead: core drops what it mapped ahead of an exporter once nothing would
 // tell it of that exporter's unmaps; the client says when a connection ended,
 // after it forgot it (an open that looks then sees no watch connection).
 TEST_F(WatchClientTest, AnEndedConnectionIsToldOnceItIsForgotten) {
@@ -204,6 +206,67 @@ TEST_F(WatchClientTest, AnEventInTheOtherLayoutIsOutOfProtocol) {
   ASSERT_TRUE(seen_.WaitFor(1));
   EXPECT_EQ(seen_.kinds[0], EventKind::kUnfollowed);
   EXPECT_TRUE(ClosedByClient());
+}
+
+// One follow thread serves every exporter (issue 43): an exporter that sends
+// events and stops reading their acks must not hold it. With a timeout far
+// longer than the test's bound, exporter A fills its connection with acks it
+// never reads; exporter B's pause is acked all the same, within the bound,
+// and A loses its follow (core is told: kUnfollowed), once. Before acks were
+// queued, the thread sat in A's send for the whole timeout.
+TEST(WatchClientAcks, AnExporterThatStopsReadingItsAcksDelaysNoOtherExporter) {
+  constexpr uint64_t kTagA = (uint64_t{51} << 32) | 1;
+  constexpr uint64_t kTagB = (uint64_t{52} << 32) | 2;
+  struct {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<std::pair<uint64_t, EventKind>> seen;
+  } log;
+  WatchClient client(
+      [&](uint64_t tag, const wire::Event& event, ScopedFd) {
+        std::lock_guard<std::mutex> lock(log.mutex);
+        log.seen.emplace_back(tag, event.kind);
+        log.changed.notify_all();
+        return wire::AckStatus::kDone;
+      },
+      Timeout::Ms(600000));
+  auto [client_a, exporter_a] = SeqpacketPair();
+  auto [client_b, exporter_b] = SeqpacketPair();
+  // A's side takes few acks before its socket is full (the kernel's minimum).
+  const int small = 0;
+  ASSERT_EQ(setsockopt(client_a.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+  std::string error;
+  for (auto& [tag, fd] : {std::pair{kTagA, &client_a}, std::pair{kTagB, &client_b}}) {
+    WatchConnection connection;
+    connection.fd = std::move(*fd);
+    connection.key = kKey;
+    connection.nonce = kNonce;
+    ASSERT_TRUE(client.Add(tag, std::move(connection), &error)) << error;
+  }
+  // A: events until its connection is closed (or its sends stall), acks never read.
+  int sent_a = 0;
+  for (uint32_t sequence = 1; sequence <= 4096; ++sequence, ++sent_a) {
+    const auto bytes = wire::EncodeEvent(ChunkEvent(EventKind::kPause, sequence), kNonce, kKey);
+    if (!SendMessage(exporter_a.get(), bytes, {}, Deadline::AfterMs(2000)).ok()) break;
+  }
+  EXPECT_GT(sent_a, 256);
+  // B: one pause, acked within the bound whatever A does.
+  const auto bytes = wire::EncodeEvent(ChunkEvent(EventKind::kPause, 1), kNonce, kKey);
+  ASSERT_TRUE(SendMessage(exporter_b.get(), bytes, {}, Deadline::AfterMs(1000)).ok());
+  std::vector<uint8_t> buffer(wire::kAckSize + 1);
+  ReceivedMessage message;
+  ASSERT_TRUE(ReceiveMessage(exporter_b.get(), buffer, &message, Deadline::AfterMs(10000)).ok())
+      << "exporter B's ack waited for exporter A";
+  wire::Ack ack;
+  ASSERT_EQ(wire::ParseAck({buffer.data(), message.length}, kNonce, kKey, &ack),
+            wire::WireError::kOk);
+  EXPECT_EQ(ack.sequence, 1u);
+  EXPECT_FALSE(client.Has(kTagA)) << "A kept its follow without reading its acks";
+  EXPECT_TRUE(client.Has(kTagB));
+  std::lock_guard<std::mutex> lock(log.mutex);
+  const auto unfollowed_a =
+      std::count(log.seen.begin(), log.seen.end(), std::pair{kTagA, EventKind::kUnfollowed});
+  EXPECT_EQ(unfollowed_a, 1) << "core was not told, once, that A is no longer followed";
 }
 
 }  // namespace

@@ -1,5 +1,13 @@
 // The importer's watch thread: poll the watch connections and a wake-up
 // eventfd, read each event with its fd, let core follow it, ack.
+//
+// One thread serves every exporter, so nothing one exporter does may hold it:
+// an ack is queued on its connection and sent without waiting (a message on
+// a SOCK_SEQPACKET socket goes whole or not at all); what the socket does not
+// take waits for POLLOUT on that connection alone. An exporter that leaves
+// kMaxUnsentAcks of them unread loses its follow, with one warning, as one
+// that breaks the protocol does: the other exporters' events never wait for
+// it.
 #include "transport/client/watch_client.h"
 
 #include <poll.h>
@@ -7,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -24,6 +33,11 @@
 namespace vmmipc::transport {
 
 struct WatchClient::Impl {
+  // Acks queued on one connection that its exporter has not taken (its
+  // socket full). Each is a few dozen bytes; the socket itself holds
+  // hundreds: an exporter this far behind has stopped reading.
+  static constexpr size_t kMaxUnsentAcks = 256;
+
   EventHandler handler;
   EndedHandler ended = nullptr;
   int timeout_ms = 5000;
@@ -35,10 +49,17 @@ struct WatchClient::Impl {
   ScopedFd wake_fd;                                 // eventfd: a connection was added, or stop
   std::atomic<bool> stopping{false};
   std::unique_ptr<std::thread> thread;
+  // The acks each connection's exporter has not taken yet, by tag. The
+  // thread's own: read and written by it alone, no lock.
+  std::map<uint64_t, std::deque<std::vector<uint8_t>>> unsent;
 
   void Run() noexcept;
   // Reads and answers one event; false when the connection must go.
   bool Serve(uint64_t exporter, WatchConnection& connection) noexcept;
+  // Sends the queued acks of `exporter` that its socket takes now, without
+  // waiting; false when the connection must go (an error, or an exporter
+  // that left kMaxUnsentAcks unread: its follow ends, said once).
+  bool Flush(uint64_t exporter, WatchConnection& connection) noexcept;
   void Wake() noexcept {
     const uint64_t one = 1;
     (void)RetryOnEintr([&] { return ::write(wake_fd.get(), &one, sizeof(one)); });
@@ -88,8 +109,40 @@ bool WatchClient::Impl::Serve(uint64_t exporter, WatchConnection& c) noexcept {
     ack.sequence = event.sequence;
     ack.status = handler(exporter, event, std::move(fd));
     const auto bytes = wire::EncodeAck(ack, c.nonce, c.key);
-    const bool sent = SendMessage(c.fd.get(), bytes, {}, Deadline::AfterMs(timeout_ms)).ok();
-    return sent && event.kind != wire::EventKind::kUnfollowed;  // the last event
+    unsent[exporter].emplace_back(bytes.begin(), bytes.end());
+    return Flush(exporter, c) && event.kind != wire::EventKind::kUnfollowed;  // the last event
+  } catch (...) {
+    return false;
+  }
+}
+
+bool WatchClient::Impl::Flush(uint64_t exporter, WatchConnection& c) noexcept {
+  try {
+    auto it = unsent.find(exporter);
+    if (it == unsent.end()) return true;
+    std::deque<std::vector<uint8_t>>& queue = it->second;
+    while (!queue.empty()) {
+      // Deadline 0: one try, never a wait (the socket full is kTimeout).
+      const IoResult io = SendMessage(c.fd.get(), queue.front(), {}, Deadline::AfterMs(0));
+      if (io.status == IoStatus::kTimeout) break;
+      if (!io.ok()) return false;  // the exporter exited or closed it
+      queue.pop_front();
+    }
+    if (queue.size() < kMaxUnsentAcks) {
+      if (queue.empty()) unsent.erase(it);
+      return true;
+    }
+    VMMIPC_LOG_WARN(
+        "follow: exporter pid {} has not read this process's last {} acks; closing its watch "
+        "connection, so that it delays no other exporter's events: its pauses and resumes are "
+        "no longer followed here",
+        static_cast<uint32_t>(exporter >> 32), queue.size());
+    // Not followed any more while it runs: the handler drops what this
+    // process holds of it, loudly, as for an exporter out of protocol.
+    wire::Event unfollowed;
+    unfollowed.kind = wire::EventKind::kUnfollowed;
+    (void)handler(exporter, unfollowed, ScopedFd());
+    return false;
   } catch (...) {
     return false;
   }
@@ -105,7 +158,9 @@ void WatchClient::Impl::Run() noexcept {
     {
       std::lock_guard<ForkMutex> lock(mutex);
       for (const auto& [tag, connection] : connections) {
-        pfds.push_back({connection.fd.get(), POLLIN, 0});
+        // POLLOUT only while acks wait: an idle connection is always writable.
+        const short wanted = unsent.count(tag) != 0 ? POLLIN | POLLOUT : POLLIN;
+        pfds.push_back({connection.fd.get(), wanted, 0});
         tags.push_back(tag);
       }
     }
@@ -129,7 +184,14 @@ void WatchClient::Impl::Run() noexcept {
         auto it = connections.find(tags[i]);
         if (it != connections.end()) connection = &it->second;
       }
-      if (connection == nullptr || Serve(tags[i], *connection)) continue;
+      if (connection == nullptr) continue;
+      const short revents = pfds[i + 1].revents;
+      // Writable: the queued acks first. Then an event, if one came (a
+      // hang-up or error reads as the connection's end there).
+      bool keep = (revents & POLLOUT) == 0 || Flush(tags[i], *connection);
+      if (keep && (revents & ~POLLOUT) != 0) keep = Serve(tags[i], *connection);
+      if (keep) continue;
+      unsent.erase(tags[i]);
       WatchConnection gone;
       {
         std::lock_guard<ForkMutex> lock(mutex);
