@@ -20,7 +20,10 @@ namespace {
 
 constexpr ParamSpec kSpecs[] = {
 #define VMMIPC_PARAM(field, name, kind, def, rule, doc) {name, Kind::kind, def, rule, doc},
+#define VMMIPC_TEST_PARAM(field, name, kind, def, rule, doc) \
+  {name, Kind::kind, def, rule, doc, true},
 #include "config/params.def"
+#undef VMMIPC_TEST_PARAM
 #undef VMMIPC_PARAM
 };
 static_assert(std::size(kSpecs) == kParamCount);
@@ -75,10 +78,24 @@ std::string Listed(const std::vector<std::string>& items, const char* quote = ""
   return out;
 }
 
-// Old names, newest rename last.
+// Old names, newest rename last. VMMIPC_PREFETCH took levels 0-3; only 3
+// (map ahead) lives on, as VMMIPC_AHEAD=1 (RetiredPrefetch).
 constexpr RenamedParam kRenamed[] = {
     {"VMMIPC_EXPORT_ANCHOR", "VMMIPC_EXPORT_KEEPALIVE"},
+    {"VMMIPC_PREFETCH", "VMMIPC_AHEAD"},
 };
+
+// VMMIPC_PREFETCH's text as VMMIPC_AHEAD's: 3 was map ahead, now AHEAD=1;
+// 1 and 2 were removed (the text given becomes "0", said in a warning).
+const char* RetiredPrefetch(const char* old_text, Params* params) {
+  if (Trim(old_text) == "3") return "1";
+  if (Trim(old_text) != "0")
+    params->warnings.push_back(fmt::format(
+        "VMMIPC_PREFETCH={}: prefetch levels 1 and 2 were removed; nothing is prefetched (map "
+        "ahead, once level 3, is VMMIPC_AHEAD=1)",
+        old_text));
+  return "0";
+}
 
 // `lookup` that answers a variable's old name too, with one warning.
 const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params* params) {
@@ -96,6 +113,7 @@ const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params*
     params->warnings.push_back(
         fmt::format("{} is the old name of {}: it still works, but will go; set {} instead",
                     renamed.old_name, name, name));
+    if (strcmp(renamed.old_name, "VMMIPC_PREFETCH") == 0) return RetiredPrefetch(old_text, params);
     return old_text;
   }
   return text;
@@ -297,6 +315,18 @@ bool EnabledByEnvironment() {
   return enabled;
 }
 
+namespace {
+
+// Values that are fine alone but do nothing, or less than they say, together.
+void WarnAcrossSettings(Params* params) {
+  if (params->ahead && !params->follow)
+    params->warnings.push_back(
+        "VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0 (announcements come over the follow "
+        "connection, and its events drop what was mapped ahead when the exporter unmaps it)");
+}
+
+}  // namespace
+
 Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   // Defaults first, from the same table text that the docs show; then the
   // environment. Each value is fine on its own; together they must still
@@ -306,6 +336,7 @@ Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   ParseVariables(lookup, &params);
   SettleLayout(&params);
   SettleRank(lookup, &params);
+  WarnAcrossSettings(&params);
   ParseUnknownNames(lookup, names, &params);
   return params;
 }

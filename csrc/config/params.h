@@ -79,6 +79,9 @@ struct ParamSpec {
   const char* default_text;
   Rule rule;
   const char* doc;  // markdown (docs/configuration.md)
+  // Declared with VMMIPC_TEST_PARAM: kept for tests and benchmarks, shown in
+  // the docs' second table.
+  bool for_tests = false;
 };
 
 // Why a value breaks `rule` ("must be between 1 and 64"), or empty when it

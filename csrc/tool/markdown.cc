@@ -9,10 +9,19 @@
 namespace vmmipc::tool {
 
 std::string VariablesTable() {
-  std::string out = "| variable | default | accepts | meaning |\n| --- | --- | --- | --- |\n";
-  for (const config::ParamSpec& spec : config::AllParams())
-    out += fmt::format("| `{}` | `{}` | {} | {} |\n", spec.name, spec.default_text,
-                       config::DescribeValues(spec.kind, spec.rule), spec.doc);
+  // The user's table, then the one for tests and benchmarks (params.def).
+  std::string out;
+  for (const bool for_tests : {false, true}) {
+    if (for_tests)
+      out +=
+          "\nFor tests and benchmarks: these take another path through the same code, to measure "
+          "it or to reach it; no workload needs their non-default values.\n\n";
+    out += "| variable | default | accepts | meaning |\n| --- | --- | --- | --- |\n";
+    for (const config::ParamSpec& spec : config::AllParams())
+      if (spec.for_tests == for_tests)
+        out += fmt::format("| `{}` | `{}` | {} | {} |\n", spec.name, spec.default_text,
+                           config::DescribeValues(spec.kind, spec.rule), spec.doc);
+  }
   return out;
 }
 

@@ -7,8 +7,9 @@
 
 namespace vmmipc::tool {
 
-// The table, header first, one row per variable in params.def's order, each
-// line ending in "\n". docs/configuration.md holds it between the markers
+// The two tables (the user's, then the one for tests and benchmarks), each
+// header first, one row per variable in params.def's order, each line
+// ending in "\n". docs/configuration.md holds it between the markers
 // kTableBegin and kTableEnd; tests/scripts/test_vmmipc_run.py compares.
 std::string VariablesTable();
 

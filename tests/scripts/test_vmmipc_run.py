@@ -127,7 +127,7 @@ class ToolTest(unittest.TestCase):
 
     def test_every_variable_of_params_def_is_reported_in_order(self):
         with open(os.path.join(SOURCE_DIR, "csrc", "config", "params.def")) as handle:
-            declared = re.findall(r'VMMIPC_PARAM\(\s*\w+,\s*"(\w+)",\s*k\w+,\s*"([^"]*)"',
+            declared = re.findall(r'VMMIPC_(?:TEST_)?PARAM\(\s*\w+,\s*"(\w+)",\s*k\w+,\s*"([^"]*)"',
                                   handle.read())
         report = self.report()
         self.assertEqual([(v["name"], v["default"]) for v in report["variables"]], declared)
@@ -196,9 +196,9 @@ class ToolTest(unittest.TestCase):
                       result.stdout)
         self.assertIn("`warn` (`warning`)", result.stdout)
         self.assertIn("`off` (`none`)", result.stdout)
-        threads = self.variable(self.report(VMMIPC_LISTENER_THREADS="65"),
-                                "VMMIPC_LISTENER_THREADS")
-        self.assertEqual(threads["reason"], "must be between 1 and 64")
+        warm = self.variable(self.report(VMMIPC_WARM_CONNECTIONS="5000"),
+                             "VMMIPC_WARM_CONNECTIONS")
+        self.assertEqual(warm["reason"], "must be between 0 and 4096")
 
     def test_the_layout_is_the_librarys(self):
         # params_test.cc's ParamsLayout cases, through the tool.

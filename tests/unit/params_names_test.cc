@@ -21,7 +21,7 @@ TEST(ParamsNames, TyposGetTheLikelyName) {
   EXPECT_EQ(SuggestName("VMMIPC_TIMEOUT"), "VMMIPC_TIMEOUT_MS");
   EXPECT_EQ(SuggestName("VMMIPC_ZONE_SLOT"), "VMMIPC_ZONE_SLOTS");
   EXPECT_EQ(SuggestName("vmmipc_rank"), "VMMIPC_RANK");  // names are case-sensitive
-  EXPECT_EQ(SuggestName("VMMIPC_LISTENER_THREAD"), "VMMIPC_LISTENER_THREADS");
+  EXPECT_EQ(SuggestName("VMMIPC_WARM_CONNECTION"), "VMMIPC_WARM_CONNECTIONS");
   // Near an old name: the variable's name now.
   EXPECT_EQ(SuggestName("VMMIPC_EXPORT_ANCHORS"), "VMMIPC_EXPORT_KEEPALIVE");
   // Nothing near: no guess.
@@ -84,14 +84,15 @@ TEST(ParamsRules, RefusalsAndDescriptionsComeFromOneRule) {
   // Every variable's rule holds for its default, and the parse refuses with its words.
   const Params slots = Parse(
       [](const char* n) -> const char* {
-        return std::string(n) == "VMMIPC_LISTENER_THREADS" ? "65" : nullptr;
+        return std::string(n) == "VMMIPC_WARM_CONNECTIONS" ? "5000" : nullptr;
       },
       {});
   ASSERT_EQ(slots.warnings.size(), 1u);
   EXPECT_EQ(slots.warnings[0],
-            "ignoring VMMIPC_LISTENER_THREADS='65': must be between 1 and 64; using the default 4");
-  EXPECT_EQ(slots.outcomes[ParamIndex("VMMIPC_LISTENER_THREADS")].reason,
-            "must be between 1 and 64");
+            "ignoring VMMIPC_WARM_CONNECTIONS='5000': must be between 0 and 4096; using the "
+            "default 64");
+  EXPECT_EQ(slots.outcomes[ParamIndex("VMMIPC_WARM_CONNECTIONS")].reason,
+            "must be between 0 and 4096");
 }
 
 }  // namespace

@@ -34,6 +34,10 @@ TEST(Params, DefaultsServeAnEightGpuNode) {
   EXPECT_EQ(p.socket_dir, "");
   EXPECT_EQ(p.cuda_library, "libcuda.so.1");
   EXPECT_TRUE(p.force_posix_fd);
+  // Correct for a memory saver's peers without a setting (issue 43): follow
+  // on; ahead, which only trades speed, off.
+  EXPECT_TRUE(p.follow);
+  EXPECT_FALSE(p.ahead);
 }
 
 // Params' fields get their defaults by parsing params.def's text, which must
@@ -540,6 +544,57 @@ TEST(Params, OldNameOfARenamedVariableStillWorks) {
   EXPECT_TRUE(bad.export_keepalive);   // the default stays
   EXPECT_EQ(bad.warnings.size(), 2u);  // the old name, and the value
   EXPECT_TRUE(ParseWith({}).warnings.empty());
+}
+
+// VMMIPC_PREFETCH's levels: 3 (map ahead) lives on as VMMIPC_AHEAD=1; 1 and
+// 2 were removed: nothing is prefetched, and the warning says so.
+TEST(Params, TheRetiredPrefetchLevelsReadAsAhead) {
+  Params three = ParseWith({{"VMMIPC_PREFETCH", "3"}});
+  EXPECT_TRUE(three.ahead);
+  ASSERT_EQ(three.warnings.size(), 1u) << three.warnings.back();
+  EXPECT_NE(three.warnings[0].find("VMMIPC_PREFETCH is the old name of VMMIPC_AHEAD"),
+            std::string::npos)
+      << three.warnings[0];
+  for (const char* level : {"1", "2"}) {
+    Params old = ParseWith({{"VMMIPC_PREFETCH", level}});
+    EXPECT_FALSE(old.ahead) << level;
+    ASSERT_EQ(old.warnings.size(), 2u) << level;
+    EXPECT_NE(old.warnings[1].find("prefetch levels 1 and 2 were removed"), std::string::npos)
+        << old.warnings[1];
+  }
+  Params zero = ParseWith({{"VMMIPC_PREFETCH", "0"}});
+  EXPECT_FALSE(zero.ahead);
+  EXPECT_EQ(zero.warnings.size(), 1u);  // the old name only
+  Params both = ParseWith({{"VMMIPC_PREFETCH", "3"}, {"VMMIPC_AHEAD", "0"}});
+  EXPECT_FALSE(both.ahead);
+  ASSERT_EQ(both.warnings.size(), 1u);
+  EXPECT_NE(both.warnings[0].find("ignoring VMMIPC_PREFETCH='3'"), std::string::npos);
+}
+
+// Ahead rides on follow: with follow off it does nothing, and says so.
+TEST(Params, AheadWithoutFollowIsSaidToDoNothing) {
+  Params p = ParseWith({{"VMMIPC_AHEAD", "1"}, {"VMMIPC_FOLLOW", "0"}});
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_NE(p.warnings[0].find("VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0"),
+            std::string::npos)
+      << p.warnings[0];
+  EXPECT_TRUE(ParseWith({{"VMMIPC_AHEAD", "1"}}).warnings.empty());
+}
+
+// The user's table holds what users set; the rest is marked for tests.
+TEST(Params, TheSettingsForTestsAreMarkedApart) {
+  std::set<std::string> for_tests;
+  size_t users = 0;
+  for (const ParamSpec& spec : AllParams()) {
+    if (spec.for_tests)
+      for_tests.insert(spec.name);
+    else
+      ++users;
+  }
+  EXPECT_EQ(for_tests, (std::set<std::string>{"VMMIPC_ZONE_ANCHORS", "VMMIPC_WARM_CONNECTIONS",
+                                              "VMMIPC_EXPORT_FD_CACHE", "VMMIPC_EXPORT_KEEPALIVE",
+                                              "VMMIPC_EXPORT_IN_GET", "VMMIPC_EXPORT_ON_MAP"}));
+  EXPECT_LE(users, 21u);
 }
 
 }  // namespace

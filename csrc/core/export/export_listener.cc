@@ -17,6 +17,14 @@
 #include "core/stats.h"
 
 namespace vmmipc::core {
+namespace {
+
+// Worker threads of the listener, started as needed: they send replies longer
+// than one message and export ahead of requests (its own thread reads
+// requests and answers short ones).
+constexpr int kListenerWorkers = 4;
+
+}  // namespace
 
 std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportSide& exporter,
                                                    void** context) {
@@ -38,7 +46,7 @@ std::unique_ptr<transport::Listener> StartListener(const Identity& self, ExportS
   options.instance = self.instance;  // names the socket: unique across pid namespaces
   options.socket_dir = params.socket_dir;
   options.timeout = params.timeout();
-  options.max_workers = static_cast<int>(params.listener_threads);
+  options.max_workers = kListenerWorkers;
   options.keep_watchers = params.follow;
   // A lagging follower's catch-up resume: the memory mapped at `base` now,
   // if it is still the generation the follower missed (on the listener's thread).
