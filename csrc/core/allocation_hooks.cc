@@ -4,7 +4,8 @@
 //    generation; cuMemRelease drops it.
 //  - cuMemMap records each mapping (with everything get will need) so that
 //    get makes no driver call; cuMemUnmap takes the records out before the
-//    driver unmaps. With follow on, both tell the importers (core/follow.h).
+//    driver unmaps. With follow on, both tell the importers (core/follow.h);
+//    with the background export on, cuMemMap queues the chunk for it.
 #include "common/log.h"
 #include "config/params.h"
 #include "core/device_memory.h"
@@ -69,8 +70,9 @@ CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
   ProcessState& state = State();
   mapping.generation = state.exporter.mappings().Add(mapping);
   if (config::Get().follow) FollowMap(state, mapping);  // a resume: importers map it too
-  if (config::Get().export_on_map && mapping.posix_fd_exportable)
-    ExportAheadOfMap(state.exporter, mapping.base);
+  // Off every caller's path from here on: exported by the background export's
+  // thread (core/export/background_export.h), before any get.
+  if (config::Get().background_export) ExportInBackground(state.exporter, mapping);
   return result;
 }
 

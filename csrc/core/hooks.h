@@ -17,13 +17,17 @@ CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr address);
 // `v2` picks the real entry point a foreign handle is forwarded to.
 CUresult IpcOpenMemHandle(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
                           bool v2);
+// The application's open, as entry's hooks call it: IpcOpenMemHandle with the
+// background export paused for its length (core/open_hook.cc).
+CUresult ApplicationOpen(CUdeviceptr* pointer, const CUipcMemHandle& handle, unsigned int flags,
+                         bool v2);
 // The two ABIs of cuIpcOpenMemHandle, as entry's hooks call them.
 inline CUresult IpcOpenMemHandleV1(CUdeviceptr* pointer, CUipcMemHandle handle,
                                    unsigned int flags) {
-  return IpcOpenMemHandle(pointer, handle, flags, false);
+  return ApplicationOpen(pointer, handle, flags, false);
 }
 inline CUresult IpcOpenMemHandle(CUdeviceptr* pointer, CUipcMemHandle handle, unsigned int flags) {
-  return IpcOpenMemHandle(pointer, handle, flags, true);
+  return ApplicationOpen(pointer, handle, flags, true);
 }
 CUresult IpcCloseMemHandle(CUdeviceptr pointer);
 

@@ -62,12 +62,15 @@ ProcessState* Create() {
 // alive for the child's life): the locks that guard them are fork locks
 // (common/fork_lock.h), which BeforeFork takes on the forking thread, waiting
 // for any other thread inside them, and which the parent and the child
-// release after the fork. Taken in this order: the mapping table (the
-// exported-fd cache), the export keep-alive, the listener's watch list, the listener's
-// job queue, the watch client's connections, the importer's warm connections. Each is held only
-// to read or write what it guards, never across I/O, a driver call or another lock, so its
-// holder always leaves it, and no thread ever holds two: no order of taking them can deadlock
-// with one. The other locks of the state (the listener's start, the warm-up,
+// release after the fork. Taken in this order: the background export's export lock, the
+// mapping table (the exported-fd cache), the export keep-alive, the listener's watch list, the
+// listener's job queue, the watch client's connections, the importer's warm connections. Each is
+// held only to read or write what it guards, never across I/O, a driver call or another lock, so
+// its holder always leaves it, and no thread ever holds two: no order of taking them can deadlock
+// with one. The one exception is the first: the background export's thread holds it across one
+// export, and inside it the table's and the keep-alive's locks, so it is taken first, in that
+// same order; a fork waits for at most that one export (core/export/background_export.h). The
+// other locks of the state (the listener's start, the warm-up,
 // placement, the driver's) are held across driver calls or I/O, and the child never touches what
 // they guard. A state created between BeforeFork and the fork has its fork locks untaken; their
 // ParentAfterFork and ChildAfterFork know it.

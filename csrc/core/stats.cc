@@ -157,6 +157,10 @@ std::string Format() {
   if (Any(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped))
     out +=
         "  ahead: " + Group(Counter::kAnnouncementsSent, Counter::kOpensAheadDropped, false) + "\n";
+  // Only where the background export did something (VMMIPC_BACKGROUND_EXPORT=1).
+  if (Any(Counter::kBackgroundExports, Counter::kBackgroundLeftToGet))
+    out += "  background export: " +
+           Group(Counter::kBackgroundExports, Counter::kBackgroundLeftToGet, false) + "\n";
   out += "  open failures: " + Group(kFirstFetchFailure, Counter::kOpenFailedInvalid, true);
   return out;
 }

@@ -42,56 +42,59 @@ namespace vmmipc::core::stats {
 // X(enumerator, "name in the report"). The two lists above come in through
 // X_MAPPED(transport enumerator, enumerator, "name"), which every user of
 // this list defines beside X (as the enum below).
-#define VMMIPC_STATS_COUNTERS(X)                            \
-  /* Exporter: cuIpcGetMemHandle on VMM memory. */          \
-  X(kHandlesExported, "handles_exported")                   \
-  X(kExportRefusedNoPosixFd, "export_refused_no_posix_fd")  \
-  X(kExportRefusedNoListener, "export_refused_no_listener") \
-  X(kExportRefusedOther, "export_refused_other")            \
-  /* Exporter: the listener. */                             \
-  X(kRequestsServed, "requests_served")                     \
-  X(kChunksServed, "chunks_served")                         \
-  X(kFdsExported, "fds_exported")                           \
-  X(kFdCacheGrants, "fd_cache_grants")                      \
-  X(kFdCacheEvictions, "fd_cache_evictions")                \
-  X(kExportKeepAlives, "export_keepalives")                 \
-  X(kFdsSent, "fds_sent")                                   \
-  VMMIPC_STATS_REFUSALS(X##_MAPPED)                         \
-  X(kConnectionsDropped, "connections_dropped")             \
-  X(kConnectionsReaped, "connections_reaped")               \
-  /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */ \
-  X(kHandlesOpened, "handles_opened")                       \
-  X(kReopens, "reopens")                                    \
-  X(kCloses, "closes")                                      \
-  X(kFdsReceived, "fds_received")                           \
-  X(kChunksMapped, "chunks_mapped")                         \
-  X(kBytesMapped, "bytes_mapped")                           \
-  X(kChunksUnmapped, "chunks_unmapped")                     \
-  X(kBytesUnmapped, "bytes_unmapped")                       \
-  X(kSlotCollisions, "slot_collisions")                     \
-  X(kPlacementsBestEffort, "placements_best_effort")        \
-  X(kZoneAnchorsMapped, "zone_anchors_mapped")              \
-  X(kZoneAnchorsMoved, "zone_anchors_moved")                \
-  X(kZoneAnchorsDropped, "zone_anchors_dropped")            \
-  /* Follow (VMMIPC_FOLLOW): exporter, then importer. */    \
-  X(kFollowNotices, "follow_notices")                       \
-  X(kFollowUnanswered, "follow_unanswered")                 \
-  X(kFollowPauses, "follow_pauses")                         \
-  X(kFollowResumes, "follow_resumes")                       \
-  X(kFollowResumeRefused, "follow_resume_refused")          \
-  X(kUnfollowedUnmaps, "unfollowed_unmaps")                 \
-  X(kUnfollowedBytes, "unfollowed_bytes")                   \
-  /* Ahead (VMMIPC_AHEAD): exporter, then importer. */      \
-  X(kAnnouncementsSent, "announcements_sent")               \
-  X(kAnnouncementsReceived, "announcements_received")       \
-  X(kAnnouncementsDropped, "announcements_dropped")         \
-  X(kOpensAhead, "opens_ahead")                             \
-  X(kOpensAdopted, "opens_adopted")                         \
-  X(kOpensAheadDropped, "opens_ahead_dropped")              \
-  /* Importer: why an open of a VMM2 handle failed. */      \
-  VMMIPC_STATS_FETCH_FAILURES(X##_MAPPED)                   \
-  X(kOpenFailedMap, "open_failed_map")                      \
-  X(kOpenFailedBadHandle, "open_failed_bad_handle")         \
+#define VMMIPC_STATS_COUNTERS(X)                                \
+  /* Exporter: cuIpcGetMemHandle on VMM memory. */              \
+  X(kHandlesExported, "handles_exported")                       \
+  X(kExportRefusedNoPosixFd, "export_refused_no_posix_fd")      \
+  X(kExportRefusedNoListener, "export_refused_no_listener")     \
+  X(kExportRefusedOther, "export_refused_other")                \
+  /* Exporter: the listener. */                                 \
+  X(kRequestsServed, "requests_served")                         \
+  X(kChunksServed, "chunks_served")                             \
+  X(kFdsExported, "fds_exported")                               \
+  X(kFdCacheGrants, "fd_cache_grants")                          \
+  X(kFdCacheEvictions, "fd_cache_evictions")                    \
+  X(kExportKeepAlives, "export_keepalives")                     \
+  X(kFdsSent, "fds_sent")                                       \
+  VMMIPC_STATS_REFUSALS(X##_MAPPED)                             \
+  X(kConnectionsDropped, "connections_dropped")                 \
+  X(kConnectionsReaped, "connections_reaped")                   \
+  /* Importer: cuIpcOpenMemHandle / cuIpcCloseMemHandle. */     \
+  X(kHandlesOpened, "handles_opened")                           \
+  X(kReopens, "reopens")                                        \
+  X(kCloses, "closes")                                          \
+  X(kFdsReceived, "fds_received")                               \
+  X(kChunksMapped, "chunks_mapped")                             \
+  X(kBytesMapped, "bytes_mapped")                               \
+  X(kChunksUnmapped, "chunks_unmapped")                         \
+  X(kBytesUnmapped, "bytes_unmapped")                           \
+  X(kSlotCollisions, "slot_collisions")                         \
+  X(kPlacementsBestEffort, "placements_best_effort")            \
+  X(kZoneAnchorsMapped, "zone_anchors_mapped")                  \
+  X(kZoneAnchorsMoved, "zone_anchors_moved")                    \
+  X(kZoneAnchorsDropped, "zone_anchors_dropped")                \
+  /* Follow (VMMIPC_FOLLOW): exporter, then importer. */        \
+  X(kFollowNotices, "follow_notices")                           \
+  X(kFollowUnanswered, "follow_unanswered")                     \
+  X(kFollowPauses, "follow_pauses")                             \
+  X(kFollowResumes, "follow_resumes")                           \
+  X(kFollowResumeRefused, "follow_resume_refused")              \
+  X(kUnfollowedUnmaps, "unfollowed_unmaps")                     \
+  X(kUnfollowedBytes, "unfollowed_bytes")                       \
+  /* Ahead (VMMIPC_AHEAD): exporter, then importer. */          \
+  X(kAnnouncementsSent, "announcements_sent")                   \
+  X(kAnnouncementsReceived, "announcements_received")           \
+  X(kAnnouncementsDropped, "announcements_dropped")             \
+  X(kOpensAhead, "opens_ahead")                                 \
+  X(kOpensAdopted, "opens_adopted")                             \
+  X(kOpensAheadDropped, "opens_ahead_dropped")                  \
+  /* Background export (VMMIPC_BACKGROUND_EXPORT): exporter. */ \
+  X(kBackgroundExports, "background_exports")                   \
+  X(kBackgroundLeftToGet, "background_left_to_get")             \
+  /* Importer: why an open of a VMM2 handle failed. */          \
+  VMMIPC_STATS_FETCH_FAILURES(X##_MAPPED)                       \
+  X(kOpenFailedMap, "open_failed_map")                          \
+  X(kOpenFailedBadHandle, "open_failed_bad_handle")             \
   X(kOpenFailedInvalid, "open_failed_invalid")
 
 enum class Counter : int {

@@ -858,46 +858,6 @@ TEST_F(Fault, AnExportThatFailsInGetIsDoneAtTheFirstRequest) {
   EXPECT_EQ(RestingFdsOf(exporter->pid()), fds_before_get + 1) << "exported at the request";
 }
 
-// VMMIPC_EXPORT_ON_MAP=1: a process that has shared VMM memory exports each
-// chunk it maps afterwards at once, without a get, so the open of its later
-// handle exports nothing; a process that never shared exports nothing on
-// map (no listener, no thread), nor does one without the variable; and the
-// exports on map stop at half the fd cache, so they never evict the fds of
-// chunks that were asked for.
-TEST_F(Fault, ExportOnMapExportsChunksMappedAfterTheFirstShareOnly) {
-  auto exporter =
-      Peer("exporter", "0", {{"VMMIPC_EXPORT_ON_MAP", "1"}, {"VMMIPC_EXPORT_FD_CACHE", "4"}});
-  auto plain = Peer("exporter", "2");
-  auto importer = Peer("importer", "1");
-  // Every count is taken at rest (RestingFdsOf): the exporter closes a
-  // reply's fds and its connection a moment after the importer has its
-  // answer, and exports on map run on a listener worker.
-  // The fds a mapping adds by itself (the simulator backs memory with one, the
-  // driver does not), seen in a process that has not shared.
-  const int plain_fresh = RestingFdsOf(plain->pid());
-  (void)VmmBuffer(*plain, "m", 1, 50);
-  const int per_map = RestingFdsOf(plain->pid()) - plain_fresh;
-
-  const int fresh = RestingFdsOf(exporter->pid());
-  const uint64_t a = VmmBuffer(*exporter, "a", 1, 51);
-  EXPECT_EQ(RestingFdsOf(exporter->pid()), fresh + per_map) << "exported on map before any share";
-  OpenCheckClose(*importer, Handle(*exporter, a), kChunk, 51);  // the first share
-  const int shared = RestingFdsOf(exporter->pid());
-  const uint64_t b = VmmBuffer(*exporter, "b", 1, 52);
-  const int exported_b = shared + per_map + 1;
-  EXPECT_EQ(RestingFdsOf(exporter->pid()), exported_b) << "b was not exported on map";
-  OpenCheckClose(*importer, Handle(*exporter, b), kChunk, 52);
-  EXPECT_EQ(RestingFdsOf(exporter->pid()), exported_b) << "the open of b exported again";
-  // Two fds cached now: half of VMMIPC_EXPORT_FD_CACHE=4. No more on map.
-  (void)VmmBuffer(*exporter, "c", 1, 53);
-  EXPECT_EQ(RestingFdsOf(exporter->pid()), exported_b + per_map)
-      << "exported on map past half the cache";
-  OpenCheckClose(*importer, Handle(*plain, VmmBuffer(*plain, "d", 1, 54)), kChunk, 54);
-  const int plain_shared = RestingFdsOf(plain->pid());
-  (void)VmmBuffer(*plain, "e", 1, 55);
-  EXPECT_EQ(RestingFdsOf(plain->pid()), plain_shared + per_map) << "exported on map by default";
-}
-
 // Opens no longer share one process-wide lock: threads opening one handle
 // at once must still agree on one pointer (the contract: the same handle
 // opened again is the same pointer), for an unranked exporter too, whose

@@ -359,6 +359,45 @@ std::string InjectDelay(const std::string& name, unsigned nth, unsigned ms) {
   return fn(name.c_str(), nth, ms) == 0 ? "ok" : "err bad injection";
 }
 
+// The simulator's delay after the call's work (simcuda_inject_delay_after).
+std::string InjectDelayAfter(const std::string& name, unsigned nth, unsigned ms) {
+  using DelayFn = int (*)(const char*, unsigned, unsigned);
+  auto fn = reinterpret_cast<DelayFn>(dlsym(RTLD_DEFAULT, "simcuda_inject_delay_after"));
+  if (fn == nullptr) return "err not the simulated driver";
+  return fn(name.c_str(), nth, ms) == 0 ? "ok" : "err bad injection";
+}
+
+// One chunk of `chunk` bytes mapped past vmmipc's cuMemMap hook (the
+// simulator's simcuda_mem_map), as memory mapped before vmmipc was loaded:
+// every request for it exports it anew (the describe step).
+std::string AllocVmmUntracked(const std::string& name, uint64_t chunk) {
+  using MapFn = int (*)(uint64_t, uint64_t, uint64_t, uint64_t);
+  auto map_unhooked = reinterpret_cast<MapFn>(dlsym(RTLD_DEFAULT, "simcuda_mem_map"));
+  if (map_unhooked == nullptr) return "err not the simulated driver";
+  VmmBuffer buf;
+  buf.reserved = chunk;
+  buf.chunk = chunk;
+  CUresult r = cuMemAddressReserve(&buf.base, buf.reserved, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return Err(r);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = g_device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle handle = 0;
+  if ((r = cuMemCreate(&handle, chunk, &prop, 0)) != CUDA_SUCCESS) return Err(r);
+  if ((r = static_cast<CUresult>(map_unhooked(buf.base, chunk, 0, handle))) != CUDA_SUCCESS)
+    return Err(r);
+  buf.handles.push_back(handle);
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = g_device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((r = cuMemSetAccess(buf.base, chunk, &access, 1)) != CUDA_SUCCESS) return Err(r);
+  g_vmm[name] = buf;
+  return "ok " + Hex(buf.base);
+}
+
 // Two chunks of `chunk` bytes back to back in one reservation, the second
 // mapped from offset `chunk` of an allocation twice its size (today's driver
 // refuses a non-zero offset; the simulator and a later driver may not). With
@@ -697,6 +736,37 @@ int MemfdCount() {
   return count;
 }
 
+// The exported fds this process holds: its memfds (the simulated driver's
+// chunks and every fd exported of them) less the simulator's own.
+int ExportedFdCount() {
+  using StatsFn = int (*)(SimCudaStats*);
+  auto fn = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "simcuda_get_stats"));
+  SimCudaStats stats = {};
+  if (fn == nullptr || fn(&stats) != 0) return -1;
+  return MemfdCount() - static_cast<int>(stats.open_fds);
+}
+
+// "ok PARENT CHILD": the exported fds (ExportedFdCount) of a child forked now,
+// counted in it right after the fork (the fork handlers have run), and of
+// this process once the child has answered.
+std::string ForkExportedFds() {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return "err pipe";
+  std::cout.flush();
+  const pid_t pid = fork();
+  if (pid < 0) return "err fork";
+  if (pid == 0) {
+    const std::string count = std::to_string(ExportedFdCount()) + "\n";
+    (void)!write(out[1], count.data(), count.size());
+    _exit(0);
+  }
+  close(out[1]);
+  const std::string child = ReadLineFrom(out[0], 20000);
+  close(out[0]);
+  WaitChild(pid, 20000);
+  return "ok " + std::to_string(ExportedFdCount()) + " " + child;
+}
+
 // "ok PARENT CHILD": the memfds of this process, and of a child forked now,
 // counted in the child right after the fork (the fork handlers have run).
 std::string ForkMemfds() {
@@ -794,6 +864,13 @@ bool FaultCommand(const std::vector<std::string>& a, IpcFns* fns, std::string* r
   } else if (cmd == "inject_delay") {  // name nth ms: the nth next `name` call waits ms first
     *reply = InjectDelay(a.at(1), static_cast<unsigned>(Num(a.at(2))),
                          static_cast<unsigned>(Num(a.at(3))));
+  } else if (cmd == "inject_delay_after") {  // name nth ms: the nth next `name` waits ms after
+    *reply = InjectDelayAfter(a.at(1), static_cast<unsigned>(Num(a.at(2))),
+                              static_cast<unsigned>(Num(a.at(3))));
+  } else if (cmd == "alloc_vmm_untracked") {  // name chunk: one chunk vmmipc did not see mapped
+    *reply = AllocVmmUntracked(a.at(1), Num(a.at(2)));
+  } else if (cmd == "fork_exported_fds") {
+    *reply = ForkExportedFds();
   } else if (cmd == "alloc_vmm_offset") {  // name chunk [untracked]: chunk 1 at a non-zero offset
     *reply = AllocVmmOffset(a.at(1), Num(a.at(2)), a.size() > 3 && a[3] == "untracked");
   } else if (cmd == "headroom") {  // n: exactly n more fds can be opened

@@ -39,6 +39,11 @@ int simcuda_inject_failure(const char* name, unsigned int nth, int code);
 // Returns 0, or -1 on a bad argument.
 int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms);
 
+// The same, but the nth next call waits once its work is done, before it returns (its results,
+// an exported fd, already exist): a window in which a test can act while the caller holds them.
+// cuMemExportToShareableHandle honours it. Returns 0, or -1 on a bad argument.
+int simcuda_inject_delay_after(const char* name, unsigned int nth, unsigned int ms);
+
 // Removes every pending injected fault and delay.
 void simcuda_clear_failures(void);
 

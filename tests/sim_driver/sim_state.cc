@@ -95,12 +95,14 @@ CUresult Enter(State& s, const char* name) {
   return CUDA_SUCCESS;
 }
 
-void DelayIfAsked(State& s, const char* name) {
+namespace {
+
+void DelayIfAsked(State& s, const char* name, bool after) {
   unsigned int ms = 0;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto it = s.delays.begin(); it != s.delays.end(); ++it) {
-      if (it->name != name) continue;
+      if (it->name != name || it->after != after) continue;
       if (--it->countdown > 0) return;
       ms = it->ms;
       s.delays.erase(it);
@@ -109,6 +111,11 @@ void DelayIfAsked(State& s, const char* name) {
   }
   if (ms > 0) usleep(ms * 1000u);
 }
+
+}  // namespace
+
+void DelayIfAsked(State& s, const char* name) { DelayIfAsked(s, name, false); }
+void DelayAfterIfAsked(State& s, const char* name) { DelayIfAsked(s, name, true); }
 
 bool ValidDevice(const State& s, int dev) { return dev >= 0 && dev < s.device_count; }
 
@@ -270,6 +277,14 @@ extern "C" int simcuda_inject_delay(const char* name, unsigned int nth, unsigned
   simcuda::State& s = St();
   std::lock_guard<std::mutex> lock(s.mu);
   s.delays.push_back({name, nth, ms});
+  return 0;
+}
+
+extern "C" int simcuda_inject_delay_after(const char* name, unsigned int nth, unsigned int ms) {
+  if (name == nullptr || name[0] == '\0' || nth == 0 || ms == 0 || ms > 60000) return -1;
+  simcuda::State& s = St();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.delays.push_back({name, nth, ms, true});
   return 0;
 }
 

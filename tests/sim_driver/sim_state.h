@@ -94,6 +94,7 @@ struct Delay {
   std::string name;
   unsigned int countdown = 0;
   unsigned int ms = 0;
+  bool after = false;  // simcuda_inject_delay_after: once the call's work is done
 };
 
 struct State {
@@ -134,6 +135,8 @@ CUresult Enter(State& s, const char* name);
 // Waits the injected delay for `name` if it fires now (simcuda_inject_delay).
 // Takes s.mu itself: call it without holding it.
 void DelayIfAsked(State& s, const char* name);
+// The same for a delay asked to come after the call's work (simcuda_inject_delay_after).
+void DelayAfterIfAsked(State& s, const char* name);
 bool ValidDevice(const State& s, int dev);
 // The device of the current context, or -1 if the thread has none.
 int CurrentDevice(const State& s);

@@ -309,7 +309,7 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
                                       CUmemAllocationHandleType type, unsigned long long flags) {
   State& s = St();
   simcuda::DelayIfAsked(s, "cuMemExportToShareableHandle");
-  std::lock_guard<std::mutex> lock(s.mu);
+  std::unique_lock<std::mutex> lock(s.mu);
   if (CUresult r = simcuda::Enter(s, "cuMemExportToShareableHandle"); r != CUDA_SUCCESS) return r;
   if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   auto it = FindUserHandle(s, handle);
@@ -320,6 +320,8 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
   }
   int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  lock.unlock();
+  simcuda::DelayAfterIfAsked(s, "cuMemExportToShareableHandle");
   *static_cast<int*>(shareable) = fd;
   return CUDA_SUCCESS;
 }

@@ -1,11 +1,14 @@
 // Export ahead: chunks exported into the exported-fd cache before their first
-// request, by get itself (VMMIPC_EXPORT_IN_GET) or queued and drained by one
-// listener task at a time.
+// request, by get itself (VMMIPC_EXPORT_IN_GET), queued and drained by one
+// listener task at a time, or, from their map on, by the background export
+// (VMMIPC_BACKGROUND_EXPORT, core/export/background_export.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/export/export_side.h"
+#include "ledger/vmm_mappings.h"
 
 namespace vmmipc::core {
 
@@ -21,9 +24,22 @@ void QueueExportAhead(ExportSide& exporter, uint64_t address) noexcept;
 // debug level and done again when the chunk is first requested.
 void ExportInGet(uint64_t address) noexcept;
 
-// VMMIPC_EXPORT_ON_MAP, from the cuMemMap hook: queues the chunk mapped at
-// `base` when this process has shared VMM memory before (its listener runs),
-// so that its export is done long before the handles are exchanged.
-void ExportAheadOfMap(ExportSide& exporter, uint64_t base) noexcept;
+// VMMIPC_BACKGROUND_EXPORT, from the cuMemMap hook: queues the chunk just
+// recorded for the background export when get could share it (exportable as
+// a POSIX fd, mapped from offset 0). Starts the export thread on the first
+// call. Best effort: a chunk not queued is exported at its get.
+void ExportInBackground(ExportSide& exporter, const ledger::VmmMapping& mapping) noexcept;
+
+// The background export, when on (else null), for a BusyScope around work it
+// must not run beside: an open, a request served, a get's export.
+BackgroundExport* BackgroundIfOn();
+
+// How many fds the exported-fd cache may hold before the background export
+// leaves chunks to their get: half the cache's bound (`cache_limit`), so that
+// exports no one asked for never evict the fds of chunks that were asked for,
+// and no more than `cached` plus a quarter of the process's `free_fds` (the
+// soft RLIMIT_NOFILE less the fds open), so that the host keeps most of what
+// it has free.
+size_t BackgroundExportCap(size_t cache_limit, size_t cached, size_t free_fds);
 
 }  // namespace vmmipc::core

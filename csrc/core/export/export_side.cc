@@ -45,6 +45,7 @@ void ExportSide::HoldExportKeepAlive(uint64_t handle, ScopedFd fd) {
 // that became ready after PrepareFork had its lock left alone, which its
 // ParentAfterFork knows.
 void ExportSide::PrepareFork() noexcept {
+  background_.PrepareFork();  // first: its holder takes the next two (export_side.h)
   mappings_.PrepareFork();
   keepalive_mutex_.PrepareFork();
   if (listener_ready()) listener_->PrepareFork();
@@ -54,6 +55,7 @@ void ExportSide::ParentAfterFork() noexcept {
   if (listener_ready()) listener_->ParentAfterFork();
   keepalive_mutex_.ParentAfterFork();
   mappings_.ParentAfterFork();
+  background_.ParentAfterFork();
 }
 
 void ExportSide::AbandonAfterFork() {

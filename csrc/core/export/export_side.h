@@ -1,8 +1,9 @@
 // ExportSide: what this process keeps to export its own VMM memory: chunk
 // generations, the table of its own mappings (with the exported-fd cache),
 // the listener that answers peers, the queue of chunks to export ahead of
-// their first request, and the export arena its own reservations are carved
-// from (core/arena/arena_side.h, its own lock).
+// their first request, the background export (core/export/background_export.h,
+// its own lock and thread) and the export arena its own reservations are
+// carved from (core/arena/arena_side.h, its own lock).
 //
 // Locking:
 //  - generations() and mappings() lock themselves.
@@ -17,13 +18,17 @@
 //    (driver calls, once per process); later exports see
 //    warmed_up_ and take no lock. The export keep-alive it makes is kept under
 //    keepalive_mutex_, which is never held across a driver call.
-//  - Fork: the mapping table's lock, keepalive_mutex_ and the listener's watch
-//    list are fork locks (common/fork_lock.h), taken by the fork handler in
-//    that order (PrepareFork), so that a forked child can always close its
-//    copies of the cache's fds, the keep-alive and the watch connections. Each is
-//    held only to read or write what it guards (a dup() of a cached fd under
-//    the table's, a poll() that does not wait under the watch list's), never
-//    across I/O, a driver call or another lock.
+//  - Fork: the background export's export lock, the mapping table's lock,
+//    keepalive_mutex_ and the listener's watch list are fork locks
+//    (common/fork_lock.h), taken by the fork handler in that order
+//    (PrepareFork), so that a forked child can always close its copies of the
+//    cache's fds, the keep-alive and the watch connections, and never holds a
+//    background export's fd. Each but the first is held only to read or write
+//    what it guards (a dup() of a cached fd under the table's, a poll() that
+//    does not wait under the watch list's), never across I/O, a driver call or
+//    another lock; the first is held across one background export, around
+//    the table's and the keep-alive's (background_export.h), which is why it
+//    comes first.
 #pragma once
 
 #include <atomic>
@@ -35,6 +40,7 @@
 #include "common/fork_lock.h"
 #include "common/scoped_fd.h"
 #include "core/arena/arena_side.h"
+#include "core/export/background_export.h"
 #include "ledger/chunk_generations.h"
 #include "ledger/vmm_mappings.h"
 #include "transport/serve/listener/listener.h"
@@ -48,6 +54,9 @@ class ExportSide {
   ledger::VmmMappings& mappings() { return mappings_; }
   // The export arena (core/arena/export_arena.h).
   ArenaSide& arena() { return arena_; }
+  // The background export (VMMIPC_BACKGROUND_EXPORT; its thread starts with
+  // the first chunk queued).
+  BackgroundExport& background() { return background_; }
 
   // True once the listener runs; then listener() and export_context() are set.
   bool listener_ready() const { return listener_ready_.load(std::memory_order_acquire); }
@@ -116,6 +125,7 @@ class ExportSide {
   ledger::ChunkGenerations generations_;
   ledger::VmmMappings mappings_;
   ArenaSide arena_;
+  BackgroundExport background_;
 
   std::mutex export_mutex_;
   std::unique_ptr<transport::Listener> listener_;

@@ -6,6 +6,7 @@
 
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "core/export/export_ahead.h"
 #include "core/export/exported_fds.h"
 #include "core/export/serving.h"
 #include "core/stats.h"
@@ -36,6 +37,9 @@ bool RefuseOffset(Serving* serving, uint64_t chunk_base, uint64_t offset) {
 transport::ServeReply Serve(const transport::ServeRequest& request) {
   const auto start = SteadyClock::now();
   ExportSide& exporter = Exporter();
+  // The peer imports what this answers right after: the background export
+  // pauses while it is served and for a while after (background_export.h).
+  BusyScope busy(BackgroundIfOn());
   UseExportContext(exporter);
   Serving serving(request);
   SnapshotRun(exporter, &serving);
