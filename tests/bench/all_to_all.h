@@ -25,7 +25,8 @@ const char* KindName(Kind kind);  // "legacy", "vmmipc", "floor"
 // for all N replies before it sends the next command, so each is a barrier.
 enum class Cmd : uint32_t {
   kHello = 1,  // -> Hello text; the rank's context is current
-  kAlloc,      // allocate K buffers, write their tags, cuIpcGetMemHandle each (timed)
+  kAlloc,      // allocate K buffers, write their tags -> ack
+  kGet,        // cuIpcGetMemHandle of each buffer (timed; the floor: export its fds)
                // -> samples: get times; handles: K
   kHandles,    // payload: the N x K handles of every rank (rank-major) -> ack
   kOpen,       // open every peer's K handles (each timed) -> samples: open times

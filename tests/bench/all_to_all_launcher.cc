@@ -59,6 +59,7 @@ struct Options {
   double timeout_s = 120;
   double budget_s = 0;  // 0: no budget
   bool warmup = true;
+  double gap_s = 0;    // between a phase's allocation and its gets (untimed)
   bool floor = false;  // also the driver's floor (Kind::kFloor) in every configuration
   bool corrupt_tag = false;
   bool count_gpus = false;
@@ -68,7 +69,7 @@ constexpr const char* kUsage =
     "usage: vmmipc_all_to_all [--ranks N] [--gpus G] [--per-rank-buffers K[,K...]]\n"
     "                         [--chunk-size S[,S...]] [--chunks-per-buffer C[,C...]] [--reps R]\n"
     "                         [--json PATH] [--timeout-s T] [--budget-s B] [--no-warmup]\n"
-    "                         [--floor]\n"
+    "                         [--floor] [--gap-ms MS]\n"
     "       vmmipc_all_to_all --count-gpus\n"
     "All-to-all registration of N rank processes (this binary again, VMMIPC_RANK=i, GPU i % G):\n"
     "each rank allocates K buffers of C chunks of S bytes, VMM (cuMemCreate + cuMemMap) and\n"
@@ -81,6 +82,11 @@ constexpr const char* kUsage =
     "--floor: also the driver's floor on the same VMM buffers: each chunk's fd exported and\n"
     "kept by its rank, copied by the importer with pidfd_getfd (untimed; needs ptrace rights\n"
     "over the peer ranks, else reported as unsupported), then import + map + access timed.\n"
+    "--gap-ms MS: wait MS milliseconds between each phase's allocation and its gets (an\n"
+    "application that registers memory it allocated a while before; default 0).\n"
+    "Each kind's first phase in the rank processes (the warm-up when there is one; with\n"
+    "--no-warmup the first configuration's first repetition) is a process's first\n"
+    "registration: reported apart ('first'), never in the medians.\n"
     "--count-gpus: print the number of GPUs a child process sees, and exit.\n"
     "Preload vmmipc (LD_PRELOAD) to measure VMM memory; without it the VMM part is reported as\n"
     "unsupported. Exit: 0 done, 1 a failure (wrong data, a call that must work failed, a rank\n"
@@ -202,6 +208,8 @@ Options ParseOptions(int argc, char** argv) {
     } else if (arg == "--no-warmup") {
       no_value();
       o.warmup = false;
+    } else if (arg == "--gap-ms") {
+      o.gap_s = ParseSeconds(arg, take(), true) * 1e-3;
     } else if (arg == "--floor") {
       no_value();
       o.floor = true;
@@ -242,6 +250,9 @@ double MedianOf(const std::vector<double>& v) { return v.empty() ? NAN : Percent
 
 struct RepResult {
   double total_us = NAN;  // barrier release to the last rank's open reply, launcher clock
+  // The whole registration: the gets' command sent to the last rank's open reply (gets,
+  // the handles' all-gather through the launcher, the opens), launcher clock.
+  double registration_us = NAN;
   double open_p50_us = NAN, open_p99_us = NAN, get_p50_us = NAN, close_p50_us = NAN;
   size_t opens = 0;
 };
@@ -250,6 +261,10 @@ struct KindResult {
   std::string status = "not run";  // ok, unsupported, failed, not run
   std::string error;
   std::vector<RepResult> reps;
+  // The rank processes' first phase of this kind, when it was this configuration's: a
+  // process's first registration, kept out of the medians.
+  bool has_first = false;
+  RepResult first;
 
   double Median(double RepResult::*field) const {
     std::vector<double> v;
@@ -373,6 +388,7 @@ class Launcher {
         }
       }
       PrintRow(cfg);
+      PrintFirst(cfg);
       WriteJson();
     }
     return Finish("");
@@ -565,7 +581,17 @@ class Launcher {
       return true;
     };
 
-    if (!step(Cmd::kAlloc, {}, nullptr, &gets)) return false;
+    if (!step(Cmd::kAlloc, {}, nullptr, nullptr)) return false;
+    // The gap between allocation and registration (an application that registers memory
+    // it allocated a while before): what was mapped may be exported meanwhile.
+    if (phase_error.empty() && o_.gap_s > 0) {
+      const int64_t gap_ns = static_cast<int64_t>(o_.gap_s * 1e9);
+      timespec ts{static_cast<time_t>(gap_ns / 1000000000), static_cast<long>(gap_ns % 1000000000)};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
+    }
+    const int64_t registration_start = NowNs();
+    if (phase_error.empty() && !step(Cmd::kGet, {}, nullptr, &gets)) return false;
     std::vector<CUipcMemHandle> all;
     if (phase_error.empty()) {
       for (const Reply& r : replies) {
@@ -586,6 +612,7 @@ class Launcher {
       int64_t t1 = t0;
       if (!step(Cmd::kOpen, {}, &t1, &opens)) return false;
       rr.total_us = static_cast<double>(t1 - t0) * 1e-3;
+      rr.registration_us = static_cast<double>(t1 - registration_start) * 1e-3;
       if (kind == Kind::kVmm) {
         const uint64_t n = static_cast<uint64_t>(o_.ranks);
         vmm_chunks_ += n * cfg->buffers * cfg->chunks;
@@ -594,7 +621,7 @@ class Launcher {
       }
       const bool opened_ok = phase_error.empty();
       if (!step(Cmd::kCheck, {}, nullptr, nullptr)) return false;
-      if (!opened_ok || !phase_error.empty()) rr.total_us = NAN;
+      if (!opened_ok || !phase_error.empty()) rr.total_us = rr.registration_us = NAN;
       if (!step(Cmd::kClose, {}, nullptr, &closes)) return false;
     }
     // Always: nothing of this phase may stay allocated or open.
@@ -633,6 +660,13 @@ class Launcher {
     rr.get_p50_us = MedianOf(gets) * 1e6;
     rr.close_p50_us = MedianOf(closes) * 1e6;
     if (result.status != "failed") result.status = "ok";
+    // A process's first registration of this kind: apart, never in the medians.
+    if (!first_seen_[k]) {
+      first_seen_[k] = true;
+      result.has_first = true;
+      result.first = rr;
+      return true;
+    }
     result.reps.push_back(rr);
     return true;
   }
@@ -822,10 +856,43 @@ class Launcher {
                 static_cast<unsigned long long>(cfg.buffers), SizeText(cfg.chunk_size).c_str(),
                 static_cast<unsigned long long>(cfg.chunks), Cell(l).c_str(), Cell(v).c_str(),
                 ratios, FloorCells(cfg).c_str(),
-                l.reps.size() < static_cast<size_t>(cfg.reps_planned) ||
-                        (v.status == "ok" && v.reps.size() < static_cast<size_t>(cfg.reps_planned))
+                l.reps.size() + l.has_first < static_cast<size_t>(cfg.reps_planned) ||
+                        (v.status == "ok" &&
+                         v.reps.size() + v.has_first < static_cast<size_t>(cfg.reps_planned))
                     ? " (fewer reps: budget or failure)"
                     : "");
+    std::fflush(stdout);
+  }
+
+  // A process's first registration (gets, all-gather, opens), of each kind whose first phase
+  // this configuration ran, beside the later ones' median, with the ratios of the same run.
+  void PrintFirst(const Config& cfg) const {
+    bool any = false;
+    for (const KindResult& k : cfg.kinds) any = any || k.has_first;
+    if (!any) return;
+    std::string line = "      registration (gets + all-gather + opens), gap " +
+                       Num(o_.gap_s * 1e3) + " ms, first / later ms:";
+    for (Kind kind : Kinds()) {
+      const KindResult& k = cfg.kinds[static_cast<int>(kind)];
+      line += std::string(" ") + KindName(kind) + " " +
+              (k.has_first ? Num(k.first.registration_us * 1e-3) : std::string("-")) + " / " +
+              Num(k.Median(&RepResult::registration_us) * 1e-3);
+    }
+    const KindResult& l = cfg.kinds[static_cast<int>(Kind::kLegacy)];
+    const KindResult& v = cfg.kinds[static_cast<int>(Kind::kVmm)];
+    const KindResult& f = cfg.kinds[static_cast<int>(Kind::kFloor)];
+    auto ratio = [](const KindResult& a, const KindResult& b, bool first) -> std::string {
+      const double x = first ? (a.has_first ? a.first.registration_us : NAN)
+                             : a.Median(&RepResult::registration_us);
+      const double y = first ? (b.has_first ? b.first.registration_us : NAN)
+                             : b.Median(&RepResult::registration_us);
+      return std::isnan(x) || std::isnan(y) || y == 0 ? "-" : Num(x / y) + "x";
+    };
+    line += "; vmmipc/legacy " + ratio(v, l, true) + " / " + ratio(v, l, false);
+    if (o_.floor)
+      line += ", vmmipc/floor " + ratio(v, f, true) + " / " + ratio(v, f, false) +
+              ", floor/legacy " + ratio(f, l, true) + " / " + ratio(f, l, false);
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
 
@@ -907,10 +974,18 @@ class Launcher {
     s += ", \"open_p99_us\": " + Num(k.Median(&RepResult::open_p99_us));
     s += ", \"get_p50_us\": " + Num(k.Median(&RepResult::get_p50_us));
     s += ", \"close_p50_us\": " + Num(k.Median(&RepResult::close_p50_us));
+    s += ", \"registration_us\": " + Num(k.Median(&RepResult::registration_us));
+    s += ", \"first\": " + (k.has_first
+                                ? "{\"total_us\": " + Num(k.first.total_us) +
+                                      ", \"registration_us\": " + Num(k.first.registration_us) +
+                                      ", \"open_p50_us\": " + Num(k.first.open_p50_us) +
+                                      ", \"get_p50_us\": " + Num(k.first.get_p50_us) + "}"
+                                : std::string("null"));
     s += ", \"reps\": [";
     for (size_t i = 0; i < k.reps.size(); ++i) {
       const RepResult& r = k.reps[i];
       s += std::string(i ? ", " : "") + "{\"total_us\": " + Num(r.total_us) +
+           ", \"registration_us\": " + Num(r.registration_us) +
            ", \"open_p50_us\": " + Num(r.open_p50_us) + ", \"open_p99_us\": " + Num(r.open_p99_us) +
            ", \"get_p50_us\": " + Num(r.get_p50_us) + ", \"close_p50_us\": " + Num(r.close_p50_us) +
            ", \"opens\": " + std::to_string(r.opens) + "}";
@@ -962,18 +1037,19 @@ class Launcher {
     gethostname(host, sizeof(host) - 1);
     const char* preload = std::getenv("LD_PRELOAD");
     std::string s = "{\n  \"tool\": \"vmmipc_all_to_all\",\n  \"format\": 1,\n";
-    s += "  \"context\": {\"date\": " + Quote(date) + ", \"host\": " + Quote(host) +
-         ", \"command\": " + Quote(command_) + ", \"ranks\": " + std::to_string(o_.ranks) +
-         ", \"gpus\": " + std::to_string(o_.gpus) + ", \"reps\": " + std::to_string(o_.reps) +
-         ", \"device\": " + Quote(Hello(0, "device")) +
-         ", \"driver_version\": " + Quote(Hello(0, "driver_version")) +
-         ", \"device_count\": " + Quote(Hello(0, "device_count")) +
-         ", \"simulated\": " + (Simulated() ? "true" : "false") +
-         ", \"vmmipc_in_ranks\": " + Quote(VmmipcInRanks()) +
-         ", \"ld_preload\": " + Quote(preload != nullptr ? preload : "") +
-         ", \"ranks_ready_ms\": " +
-         Num(ready_ns_ > 0 ? static_cast<double>(ready_ns_ - start_ns_) * 1e-6 : NAN) +
-         ", \"budget_cut\": " + (budget_cut_ ? "true" : "false") + "},\n";
+    s +=
+        "  \"context\": {\"date\": " + Quote(date) + ", \"host\": " + Quote(host) +
+        ", \"command\": " + Quote(command_) + ", \"ranks\": " + std::to_string(o_.ranks) +
+        ", \"gpus\": " + std::to_string(o_.gpus) + ", \"reps\": " + std::to_string(o_.reps) +
+        ", \"gap_ms\": " + Num(o_.gap_s * 1e3) + ", \"warmup\": " + (o_.warmup ? "true" : "false") +
+        ", \"device\": " + Quote(Hello(0, "device")) +
+        ", \"driver_version\": " + Quote(Hello(0, "driver_version")) +
+        ", \"device_count\": " + Quote(Hello(0, "device_count")) +
+        ", \"simulated\": " + (Simulated() ? "true" : "false") +
+        ", \"vmmipc_in_ranks\": " + Quote(VmmipcInRanks()) +
+        ", \"ld_preload\": " + Quote(preload != nullptr ? preload : "") + ", \"ranks_ready_ms\": " +
+        Num(ready_ns_ > 0 ? static_cast<double>(ready_ns_ - start_ns_) * 1e-6 : NAN) +
+        ", \"budget_cut\": " + (budget_cut_ ? "true" : "false") + "},\n";
     s += "  \"warmup\": " + (warmup_.buffers != 0 ? ConfigJson(warmup_) : std::string("null")) +
          ",\n  \"configurations\": [";
     for (size_t i = 0; i < configs_.size(); ++i)
@@ -1011,6 +1087,7 @@ class Launcher {
   std::vector<Config> configs_;
   Config warmup_;
   bool unsupported_[kKinds] = {};  // by Kind: every rank refused it once, the rest not run
+  bool first_seen_[kKinds] = {};   // by Kind: its first phase in these processes has run
   std::string unsupported_reason_[kKinds];
   bool budget_cut_ = false;
   std::vector<std::string> failures_;

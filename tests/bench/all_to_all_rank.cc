@@ -109,6 +109,8 @@ class Rank {
         return Hello(reply);
       case Cmd::kAlloc:
         return Alloc(c, reply);
+      case Cmd::kGet:
+        return Get(reply);
       case Cmd::kHandles:
         all_handles_ = handles;
         if (static_cast<Kind>(cmd_.kind) == Kind::kFloor) FloorPrepare(reply);
@@ -151,7 +153,7 @@ class Rank {
 
   uint64_t BufferBytes() const { return cmd_.chunk_size * cmd_.chunks; }
 
-  // K buffers of one kind, their tags, then cuIpcGetMemHandle on each, timed.
+  // K buffers of one kind and their tags (kGet takes their handles).
   void Alloc(const Command& c, Reply* reply) {
     Free();  // nothing is left from an earlier phase, whatever happened there
     cmd_ = c;
@@ -181,9 +183,16 @@ class Rank {
         if (r != CUDA_SUCCESS) return Fail(reply, r, CuFailure(r, "cuMemcpyHtoD of a tag"));
       }
     }
-    CUresult r = cuCtxSynchronize();
+    const CUresult r = cuCtxSynchronize();
     if (r != CUDA_SUCCESS) return Fail(reply, r, CuFailure(r, "cuCtxSynchronize"));
+  }
+
+  // cuIpcGetMemHandle on each buffer, timed (the floor: its fds exported).
+  void Get(Reply* reply) {
+    const bool floor = static_cast<Kind>(cmd_.kind) == Kind::kFloor;
+    const bool vmm = static_cast<Kind>(cmd_.kind) == Kind::kVmm || floor;
     if (floor) return FloorHandles(reply);
+    CUresult r = CUDA_SUCCESS;
     for (const OwnedBuffer& b : own_) {
       CUipcMemHandle h;
       const int64_t t0 = NowNs();

@@ -3,7 +3,9 @@
 the registration time (barrier release to the last rank done) and open p50 of legacy IPC, of
 vmmipc in each mode that ran (warm: warm connections, the default; cold: a new connection per
 open; prefetch: VMMIPC_PREFETCH with follow), and of the driver's floor (import + map + access
-with the fds in hand, when the runs had --floor), with the ratios to legacy and to the floor.
+with the fds in hand, when the runs had --floor), with the ratios to legacy and to the floor;
+then a process's first registration apart from a later one (the whole registration: gets,
+all-gather, opens; the runs' gap between allocation and gets said), legacy and the floor beside.
 Each run measured legacy and the floor beside vmmipc in the same rank processes, so their
 columns are the medians over every mode's runs. Also the fetch alone (vmmipc_fetch_bench's
 fetch.json), when present. Markdown to stdout and to OUT/registration.md. Exit 1 when a run's
@@ -17,7 +19,7 @@ import statistics
 import sys
 
 
-MODES = ("warm", "cold", "prefetch", "ahead")
+MODES = ("warm", "cold", "prefetch", "ahead", "background")
 
 
 def median(values):
@@ -38,9 +40,11 @@ def main():
     parser.add_argument("--out", required=True, help="run_registration.sh's output folder")
     args = parser.parse_args()
     runs = {}  # (n, mode) -> list of (config key -> config)
+    first, later = {}, {}  # config key -> column -> registration us (first; later medians)
+    gaps = set()
     failed = []
     for path in sorted(glob.glob(os.path.join(args.out, "reg-n*-*-r*.json"))):
-        m = re.match(r"reg-n(\d+)-(warm|cold|prefetch|ahead)-r(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"reg-n(\d+)-(%s)-r(\d+)\.json$" % "|".join(MODES), os.path.basename(path))
         if not m:
             continue
         with open(path) as f:
@@ -48,9 +52,21 @@ def main():
         if not data.get("ok", False):
             failed.append("%s: %s" % (path, "; ".join(data.get("failures", [])) or "not ok"))
         n, mode = int(m.group(1)), m.group(2)
+        gaps.add(data.get("context", {}).get("gap_ms"))
         for cfg in data.get("configurations", []):
             key = (n, cfg["per_rank_buffers"], cfg["chunk_size"])
             row = runs.setdefault(key, {})
+            # A process's first registration and the later ones' median (whole registration).
+            for kind, column in (("legacy", "legacy"), ("floor", "floor"), ("vmmipc", mode)):
+                part = cfg.get(kind) or {}
+                if part.get("status") != "ok":
+                    continue
+                if part.get("first"):
+                    first.setdefault(key, {}).setdefault(column, []).append(
+                        part["first"]["registration_us"])
+                if part.get("registration_us") is not None:
+                    later.setdefault(key, {}).setdefault(column, []).append(
+                        part["registration_us"])
             for kind in ("legacy", "floor"):
                 part = cfg.get(kind)
                 if part and part["status"] == "ok":
@@ -94,6 +110,30 @@ def main():
         cells.append(" / ".join(fmt(median(row.get(c + "_open", []))) for c in columns))
         cells.append("+".join(str(len(row.get(m, []))) for m in modes))
         lines.append("| " + " | ".join(cells) + " |")
+    if first:
+        gap = ", ".join("%s ms" % g for g in sorted(x for x in gaps if x is not None)) or "?"
+        head = ["N", "K", "size"]
+        for c in columns:
+            head += ["%s first ms" % c, "%s later ms" % c]
+        for m in modes:
+            head += ["%s/legacy first" % m, "%s/legacy later" % m]
+            if floor_ran:
+                head += ["%s/floor first" % m, "%s/floor later" % m]
+        lines += ["", "## A process's first registration and a later one (gets + all-gather + opens;"
+                  " gap between allocation and gets: %s; medians over the runs)" % gap, "",
+                  "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for key in sorted(first):
+            n, k, size = key
+            f = {c: median(first[key].get(c, [])) for c in columns}
+            l = {c: median(later.get(key, {}).get(c, [])) for c in columns}
+            cells = [str(n), str(k), "%d MiB" % (size >> 20)]
+            for c in columns:
+                cells += [fmt(f[c] and f[c] / 1e3), fmt(l[c] and l[c] / 1e3)]
+            for m in modes:
+                cells += [fmt(ratio(f[m], f["legacy"]), "x"), fmt(ratio(l[m], l["legacy"]), "x")]
+                if floor_ran:
+                    cells += [fmt(ratio(f[m], f["floor"]), "x"), fmt(ratio(l[m], l["floor"]), "x")]
+            lines.append("| " + " | ".join(cells) + " |")
     if failed:
         lines += ["", "## Failed runs", ""] + ["- " + f for f in failed]
     text = "\n".join(lines) + "\n"

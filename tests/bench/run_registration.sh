@@ -10,20 +10,24 @@
 #   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2: fds (and their driver imports) ahead of the open
 #   ahead     VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3: map ahead (gets announced, opened ahead in the
 #             importers' gaps; the application's open adopts them)
+#   background VMMIPC_BACKGROUND_EXPORT=1: each chunk exported by a thread soon after its map,
+#             so that the get is a lookup (the gap between allocation and gets: --gap-ms)
 # tests/bench/registration_report.py then prints, per (N, K, size), the medians over the rounds
-# and the ratios to legacy and to the floor; and the vmmipc_fetch_bench line of the fetch alone
-# beside a bare round trip (the floor of a fetch on a kept connection).
+# and the ratios to legacy and to the floor; a process's first registration apart from the later
+# ones (--no-warmup: the first repetition of K=first --buffers in each run is the ranks' first
+# registration of each kind); and the vmmipc_fetch_bench line of the fetch alone beside a bare
+# round trip (the floor of a fetch on a kept connection).
 #
 # Usage: run_registration.sh --bin A2A_BIN --lib LIBVMMIPC --out DIR [--fetch-bin FETCH_BIN]
 #                            [--rounds R] [--reps R] [--budget-s S] [--ranks "2 4 8"]
 #                            [--modes "warm cold prefetch ahead"] [--sizes 2MiB,20MiB]
-#                            [--buffers 1,8,64] [--python PY]
+#                            [--buffers 1,8,64] [--gap-ms MS] [--python PY]
 # Exit: 0 when every run saw right data; 1 otherwise (a missed ratio is a result, not a failure).
 set -u
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN="" LIB="" OUT="" FETCH_BIN="" ROUNDS=3 REPS=3 BUDGET=240 RANKS="2 4 8" PYTHON=python3
-MODES="warm cold" SIZES=2MiB,20MiB BUFFERS=1,8,64
+MODES="warm cold" SIZES=2MiB,20MiB BUFFERS=1,8,64 GAP_MS=0
 while (($#)); do
   case $1 in
     --bin) BIN=$2; shift 2 ;;
@@ -38,6 +42,7 @@ while (($#)); do
     --modes) MODES=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
     --buffers) BUFFERS=$2; shift 2 ;;
+    --gap-ms) GAP_MS=$2; shift 2 ;;
     *) echo "run_registration.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,12 +59,13 @@ DEADLINE=$((START + BUDGET))
 FAILED=0
 for mode in $MODES; do
   case $mode in
-    warm | cold | prefetch | ahead) ;;
-    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch, ahead)" >&2; exit 2 ;;
+    warm | cold | prefetch | ahead | background) ;;
+    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch, ahead, background)" >&2
+       exit 2 ;;
   esac
 done
 CLEAN_ENV=(-u VMMIPC_RANK -u LOCAL_RANK -u RANK -u VMMIPC_STATS -u VMMIPC_WARM_CONNECTIONS
-  -u VMMIPC_FOLLOW -u VMMIPC_PREFETCH)
+  -u VMMIPC_FOLLOW -u VMMIPC_PREFETCH -u VMMIPC_BACKGROUND_EXPORT)
 
 if [[ -n $FETCH_BIN ]]; then
   timeout -k 5 60 "$FETCH_BIN" --rounds=9 --fetches=300 --json="$OUT/fetch.json" \
@@ -79,10 +85,12 @@ run() {
     cold) mode=(VMMIPC_WARM_CONNECTIONS=0) ;;
     prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2) ;;
     ahead) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3) ;;
+    background) mode=(VMMIPC_BACKGROUND_EXPORT=1) ;;
   esac
   timeout -k 5 "$left" env "${CLEAN_ENV[@]}" "${mode[@]}" LD_PRELOAD="$LIB" "$BIN" \
     --ranks "$n" --gpus 1 --per-rank-buffers "$BUFFERS" --chunk-size "$SIZES" --floor \
     --chunks-per-buffer 1 --reps "$REPS" --timeout-s 60 --budget-s $((left > 30 ? left - 20 : 10)) \
+    --no-warmup --gap-ms "$GAP_MS" \
     --json "$OUT/$name.json" >"$OUT/$name.txt" 2>"$OUT/$name.log" </dev/null
   local rc=$?
   echo "registration: $name: exit $rc"

@@ -9,6 +9,8 @@ every peer tensor, read each back, close), ROUNDS registrations in the same proc
   vmmipc    legacy IPC on expandable-segment (VMM) memory through vmmipc, its defaults
   prefetch  the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2 in both ranks
   ahead     the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3 in both ranks (map ahead)
+  background the same with VMMIPC_BACKGROUND_EXPORT=1 in both ranks (each chunk exported by a
+            thread soon after its map: the get is a lookup)
   sglang    SGLang's own VMM path (cuda_vmm_utils.py: POSIX fds over its own sockets, import and
             map at a fresh address), no vmmipc; needs --sglang-src
 
@@ -18,8 +20,12 @@ of the later ones (rounds 2..R, steady state), and the ratios to legacy. Exit 0 
 that ran passed its own checks (every peer tensor read right), 1 otherwise.
 
   sglang_registration.py --lib build/csrc/libvmmipc.so [--sglang-src DIR] [--reps 2]
-      [--rounds 6] [--tensors 64] [--tensor-mib 8] [--lanes legacy,vmmipc,prefetch,ahead,sglang]
-      [--out DIR]
+      [--rounds 6] [--tensors 64] [--tensor-mib 8] [--gap-s 0]
+      [--lanes legacy,vmmipc,prefetch,ahead,background,sglang] [--out DIR]
+
+--gap-s S: every rank waits S seconds between each round's allocation and its registration (the
+registration of memory allocated a while before); the first registration is printed apart as
+always.
 """
 import argparse
 import glob
@@ -31,7 +37,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "..", "frameworks", "sglang_vmm_path.py")
-LANES = ("legacy", "vmmipc", "prefetch", "ahead", "sglang")
+LANES = ("legacy", "vmmipc", "prefetch", "ahead", "background", "sglang")
 
 
 def lane_run(lane, args, out_dir, rep):
@@ -40,18 +46,20 @@ def lane_run(lane, args, out_dir, rep):
            if not k.startswith("VMMIPC_") and k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:%s" % (
         "False" if lane == "legacy" else "True")
-    if lane in ("vmmipc", "prefetch", "ahead"):
+    if lane in ("vmmipc", "prefetch", "ahead", "background"):
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
     if lane == "prefetch":
         env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="2")
     if lane == "ahead":
         env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="3")
+    if lane == "background":
+        env.update(VMMIPC_BACKGROUND_EXPORT="1")
     prefix = os.path.join(out_dir, "%s-rep%d" % (lane, rep))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + rep * 7 + LANES.index(lane)), HARNESS,
            "--lanes", "sglang" if lane == "sglang" else "legacy",
            "--tensors", str(args.tensors), "--tensor-mib", str(args.tensor_mib),
-           "--rounds", str(args.rounds), "--out", prefix]
+           "--rounds", str(args.rounds), "--gap-s", str(args.gap_s), "--out", prefix]
     if lane == "sglang":
         cmd += ["--sglang-src", args.sglang_src]
     with open(prefix + ".log", "w") as log:
@@ -80,6 +88,8 @@ def main():
     parser.add_argument("--tensors", type=int, default=64)
     parser.add_argument("--tensor-mib", type=int, default=8)
     parser.add_argument("--timeout-s", type=int, default=180)
+    parser.add_argument("--gap-s", type=float, default=0.0)
+    parser.add_argument("--json", help="write the medians and ratios here too")
     parser.add_argument("--out", default="sglang-registration")
     args = parser.parse_args()
     lanes = [x for x in args.lanes.split(",") if x]
@@ -108,6 +118,7 @@ def main():
             steady[lane].extend(times[1:])
     med = lambda v: statistics.median(v) * 1e3 if v else None
     ref_first, ref_steady = med(first.get("legacy", [])), med(steady.get("legacy", []))
+    print("\ngap between allocation and registration: %.2f s" % args.gap_s)
     print("\n| lane | first ms | steady ms | first / legacy | steady / legacy | samples |")
     print("| --- | --- | --- | --- | --- | --- |")
     for lane in lanes:
@@ -119,6 +130,13 @@ def main():
         if s is not None and lane != "legacy":
             print("SUMMARY sglang-style %d x %d MiB, 2 ranks: %s steady %.2f ms = %s legacy" % (
                 args.tensors, args.tensor_mib, lane, s, r(s, ref_steady)), file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"gap_s": args.gap_s, "tensors": args.tensors, "tensor_mib": args.tensor_mib,
+                       "first_ms": {x: med(first[x]) for x in lanes},
+                       "steady_ms": {x: med(steady[x]) for x in lanes},
+                       "samples": {x: [len(first[x]), len(steady[x])] for x in lanes},
+                       "failed": failed}, out)
     for f in failed:
         print("FAILED: " + f)
     return 1 if failed else 0

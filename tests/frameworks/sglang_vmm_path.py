@@ -14,7 +14,7 @@ same tensors through cuIpcGetMemHandle / cuIpcOpenMemHandle, which works on
 this memory only with vmmipc preloaded. Both read every peer tensor back.
 
   torchrun --nproc-per-node 2 sglang_vmm_path.py --sglang-src DIR [--tensors 16]
-      [--tensor-mib 8] [--rounds 3] [--out JSON] [--lanes sglang,legacy]
+      [--tensor-mib 8] [--rounds 3] [--out JSON] [--lanes sglang,legacy] [--gap-s 0]
 
 --lanes legacy runs the legacy-IPC lane alone (no SGLang tree needed), for the reference of
 legacy IPC on cudaMalloc memory (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, no vmmipc):
@@ -165,6 +165,8 @@ def main():
     parser.add_argument("--tensor-mib", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
+    parser.add_argument("--gap-s", type=float, default=0.0,
+                        help="seconds between each round's allocation and its registration")
     args = parser.parse_args()
     lanes = set(args.lanes.split(","))
     if not lanes or not lanes <= {"sglang", "legacy"}:
@@ -191,6 +193,8 @@ def main():
     for round_index in range(args.rounds):
         tensors = [pattern(rank, i, nbytes, device) for i in range(args.tensors)]
         torch.cuda.synchronize()
+        if args.gap_s > 0:
+            time.sleep(args.gap_s)  # memory allocated a while before its registration
         if "sglang" in lanes:
             sglang_lane(vmm, tensors, rank, world, device_id, device, round_index, sglang_times,
                         args.tensors)
