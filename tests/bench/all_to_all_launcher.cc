@@ -660,12 +660,13 @@ class Launcher {
     rr.get_p50_us = MedianOf(gets) * 1e6;
     rr.close_p50_us = MedianOf(closes) * 1e6;
     if (result.status != "failed") result.status = "ok";
-    // A process's first registration of this kind: apart, never in the medians.
+    // A process's first registration of this kind: apart, never in a configuration's
+    // medians (the warm-up keeps its one repetition too, as its own row shows it).
     if (!first_seen_[k]) {
       first_seen_[k] = true;
       result.has_first = true;
       result.first = rr;
-      return true;
+      if (config_index != kWarmupConfig) return true;
     }
     result.reps.push_back(rr);
     return true;
