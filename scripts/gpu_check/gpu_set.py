@@ -422,7 +422,7 @@ def check_set(ctx):
                  when_doc="cuda.bindings importable (else the driver floor row says so)",
                  run=[Cmd(["python3", "tests/bench/open_sequence_probe.py", "--iters", "120"], 60,
                           env={"LD_PRELOAD": ""})]),
-            # vmmipc's modes (warm connections, cold: a new connection per open, prefetch) in
+            # vmmipc's modes (the defaults, warm connections; ahead: runs mapped ahead) in
             # rotated all-to-all runs, N=2 and 4 on one GPU, legacy IPC and the driver's floor in
             # each; the fetch alone beside a bare round trip of one fd (run_registration.sh,
             # registration_report.py).

@@ -2,7 +2,7 @@
 """The report of run_registration.sh: per (N, K, chunk size), the median over its rounds of
 the registration time (barrier release to the last rank done) and open p50 of legacy IPC, of
 vmmipc in each mode that ran (warm: warm connections, the default; cold: a new connection per
-open; prefetch: VMMIPC_PREFETCH with follow), and of the driver's floor (import + map + access
+open; nofollow: VMMIPC_FOLLOW=0; ahead: VMMIPC_AHEAD=1), and of the driver's floor (import + map + access
 with the fds in hand, when the runs had --floor), with the ratios to legacy and to the floor;
 then a process's first registration apart from a later one (the whole registration: gets,
 all-gather, opens; the runs' gap between allocation and gets said), legacy and the floor beside.
@@ -19,7 +19,7 @@ import statistics
 import sys
 
 
-MODES = ("warm", "cold", "prefetch", "ahead", "background")
+MODES = ("warm", "cold", "nofollow", "ahead", "background")
 
 
 def median(values):

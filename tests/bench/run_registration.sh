@@ -5,11 +5,11 @@
 # measuring legacy IPC, vmmipc and the floor (import + map + access with the fds in hand) in the
 # same rank processes; the runs rotate through the modes of vmmipc, ROUNDS times, so that the
 # host's drift falls on all alike:
-#   warm      the default (warm connections)
+#   warm      the defaults (follow, warm connections)
 #   cold      VMMIPC_WARM_CONNECTIONS=0: a new connection per open
-#   prefetch  VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2: fds (and their driver imports) ahead of the open
-#   ahead     VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3: map ahead (gets announced, opened ahead in the
-#             importers' gaps; the application's open adopts them)
+#   nofollow  VMMIPC_FOLLOW=0: legacy IPC's semantics, vmmipc's default before issue 43
+#   ahead     VMMIPC_AHEAD=1: gets announced, runs mapped ahead in the importers' gaps; the
+#             application's open adopts them
 #   background VMMIPC_BACKGROUND_EXPORT=1: each chunk exported by a thread soon after its map,
 #             so that the get is a lookup (the gap between allocation and gets: --gap-ms)
 # tests/bench/registration_report.py then prints, per (N, K, size), the medians over the rounds
@@ -20,7 +20,7 @@
 #
 # Usage: run_registration.sh --bin A2A_BIN --lib LIBVMMIPC --out DIR [--fetch-bin FETCH_BIN]
 #                            [--rounds R] [--reps R] [--budget-s S] [--ranks "2 4 8"]
-#                            [--modes "warm cold prefetch ahead"] [--sizes 2MiB,20MiB]
+#                            [--modes "warm cold nofollow ahead"] [--sizes 2MiB,20MiB]
 #                            [--buffers 1,8,64] [--gap-ms MS] [--python PY]
 # Exit: 0 when every run saw right data; 1 otherwise (a missed ratio is a result, not a failure).
 set -u
@@ -59,13 +59,13 @@ DEADLINE=$((START + BUDGET))
 FAILED=0
 for mode in $MODES; do
   case $mode in
-    warm | cold | prefetch | ahead | background) ;;
-    *) echo "run_registration.sh: unknown mode $mode (warm, cold, prefetch, ahead, background)" >&2
+    warm | cold | nofollow | ahead | background) ;;
+    *) echo "run_registration.sh: unknown mode $mode (warm, cold, nofollow, ahead, background)" >&2
        exit 2 ;;
   esac
 done
 CLEAN_ENV=(-u VMMIPC_RANK -u LOCAL_RANK -u RANK -u VMMIPC_STATS -u VMMIPC_WARM_CONNECTIONS
-  -u VMMIPC_FOLLOW -u VMMIPC_PREFETCH -u VMMIPC_BACKGROUND_EXPORT)
+  -u VMMIPC_FOLLOW -u VMMIPC_AHEAD -u VMMIPC_PREFETCH -u VMMIPC_BACKGROUND_EXPORT)
 
 if [[ -n $FETCH_BIN ]]; then
   timeout -k 5 60 "$FETCH_BIN" --rounds=9 --fetches=300 --json="$OUT/fetch.json" \
@@ -83,8 +83,8 @@ run() {
   local mode=()
   case $how in
     cold) mode=(VMMIPC_WARM_CONNECTIONS=0) ;;
-    prefetch) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2) ;;
-    ahead) mode=(VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3) ;;
+    nofollow) mode=(VMMIPC_FOLLOW=0) ;;
+    ahead) mode=(VMMIPC_AHEAD=1) ;;
     background) mode=(VMMIPC_BACKGROUND_EXPORT=1) ;;
   esac
   timeout -k 5 "$left" env "${CLEAN_ENV[@]}" "${mode[@]}" LD_PRELOAD="$LIB" "$BIN" \

@@ -7,8 +7,8 @@ every peer tensor, read each back, close), ROUNDS registrations in the same proc
 
   legacy    legacy IPC on cudaMalloc memory (expandable_segments:False), no vmmipc: the reference
   vmmipc    legacy IPC on expandable-segment (VMM) memory through vmmipc, its defaults
-  prefetch  the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=2 in both ranks
-  ahead     the same with VMMIPC_FOLLOW=1 VMMIPC_PREFETCH=3 in both ranks (map ahead)
+  nofollow  the same with VMMIPC_FOLLOW=0 in both ranks (vmmipc's default before issue 43)
+  ahead     the same with VMMIPC_AHEAD=1 in both ranks (runs mapped ahead)
   background the same with VMMIPC_BACKGROUND_EXPORT=1 in both ranks (each chunk exported by a
             thread soon after its map: the get is a lookup)
   sglang    SGLang's own VMM path (cuda_vmm_utils.py: POSIX fds over its own sockets, import and
@@ -21,7 +21,7 @@ that ran passed its own checks (every peer tensor read right), 1 otherwise.
 
   sglang_registration.py --lib build/csrc/libvmmipc.so [--sglang-src DIR] [--reps 2]
       [--rounds 6] [--tensors 64] [--tensor-mib 8] [--gap-s 0]
-      [--lanes legacy,vmmipc,prefetch,ahead,background,sglang] [--out DIR]
+      [--lanes legacy,vmmipc,nofollow,ahead,background,sglang] [--out DIR]
 
 --gap-s S: every rank waits S seconds between each round's allocation and its registration (the
 registration of memory allocated a while before); the first registration is printed apart as
@@ -37,7 +37,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "..", "frameworks", "sglang_vmm_path.py")
-LANES = ("legacy", "vmmipc", "prefetch", "ahead", "background", "sglang")
+LANES = ("legacy", "vmmipc", "nofollow", "ahead", "background", "sglang")
 
 
 def lane_run(lane, args, out_dir, rep):
@@ -46,12 +46,12 @@ def lane_run(lane, args, out_dir, rep):
            if not k.startswith("VMMIPC_") and k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:%s" % (
         "False" if lane == "legacy" else "True")
-    if lane in ("vmmipc", "prefetch", "ahead", "background"):
+    if lane in ("vmmipc", "nofollow", "ahead", "background"):
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
-    if lane == "prefetch":
-        env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="2")
+    if lane == "nofollow":
+        env.update(VMMIPC_FOLLOW="0")
     if lane == "ahead":
-        env.update(VMMIPC_FOLLOW="1", VMMIPC_PREFETCH="3")
+        env.update(VMMIPC_AHEAD="1")
     if lane == "background":
         env.update(VMMIPC_BACKGROUND_EXPORT="1")
     prefix = os.path.join(out_dir, "%s-rep%d" % (lane, rep))

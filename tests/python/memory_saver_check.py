@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Importers follow an exporter's memory-saver pause and resume (VMMIPC_FOLLOW=1, issue 14).
+"""Importers follow an exporter's memory-saver pause and resume (follow, the default; issues 14, 43).
 
 With follow on, an exporter's pause unmaps the importers' mappings, so the memory is really
 freed; its resume maps the new memory at the same importer addresses.
@@ -28,17 +28,18 @@ Parts (--parts):
   saver   the exporter is a torch process with torch_memory_saver in preload mode: a tensor
           allocated in torch_memory_saver.region(), torch_memory_saver.pause() / resume(); the
           base handle through cuda.bindings.runtime (cudaIpcGetMemHandle / cudaIpcOpenMemHandle)
-Each part also runs once without VMMIPC_FOLLOW in both processes (the baseline): what happens is
-printed as INFO lines (today's behaviour: the free memory does not go up, the importer keeps the
-old bytes); only "nothing crashed" is a check there.
+Each part runs with vmmipc's defaults (follow on: no VMMIPC_FOLLOW in either process) and once
+with VMMIPC_FOLLOW=0 in both (the baseline, legacy IPC's semantics): what happens there is
+printed as INFO lines (the free memory does not go up, the importer keeps the old bytes); only
+"nothing crashed" is a check there.
 
 torch_memory_saver: imported if installed; else the wheel (--wheel, $MEMORY_SAVER_WHEEL, else
 <repo>/.whl/torch_memory_saver-*.whl) is installed into a temporary folder (pip --no-deps
 --no-index --target; a plain unzip when pip is missing). Its torch_memory_saver_hook_mode_preload
 library goes into the exporter's LD_PRELOAD only, before libvmmipc.so (--saver-order).
 
-Run: LD_PRELOAD=/path/to/libvmmipc.so VMMIPC_FOLLOW=1 python3 tests/python/memory_saver_check.py
-(the harness itself sets VMMIPC_FOLLOW=1, or removes it for the baseline, in each child).
+Run: LD_PRELOAD=/path/to/libvmmipc.so python3 tests/python/memory_saver_check.py
+(the harness removes VMMIPC_FOLLOW in each child, or sets it to 0 for the baseline).
 Prints CHECK <name> PASS|FAIL|SKIP, INFO and MEASURE lines, and
 `SUMMARY memory_saver_check: N PASS, M FAIL, K SKIP`. Exit 0 when no check failed, 1 when one did,
 77 when nothing could run here (no cuda.bindings, no GPU, no libvmmipc.so in LD_PRELOAD).
@@ -1157,11 +1158,12 @@ def base_env():
 
 
 def with_follow(env, follow, rank):
+    """Follow is vmmipc's default: the follow runs set nothing; the baseline sets it off."""
     env = dict(env, VMMIPC_RANK=str(rank))
     if follow:
-        env["VMMIPC_FOLLOW"] = "1"
-    else:
         env.pop("VMMIPC_FOLLOW", None)
+    else:
+        env["VMMIPC_FOLLOW"] = "0"
     return env
 
 
@@ -1324,9 +1326,9 @@ def main():
         return skip_all(str(exc))
     checks.info("gpus", gpus)
     checks.info("library", f"{lib}: {library_knows_follow(lib)}")
-    if os.environ.get("VMMIPC_FOLLOW") != "1":
-        checks.info("note", "VMMIPC_FOLLOW=1 is not in this environment: the harness sets it in "
-                            "each child of the follow runs anyway")
+    if os.environ.get("VMMIPC_FOLLOW") == "0":
+        checks.info("note", "VMMIPC_FOLLOW=0 is in this environment: the harness removes it in "
+                            "each child of the follow runs (follow is the default)")
 
     env = base_env()
     folder = tempfile.mkdtemp(prefix="vmmipc-saver-")
