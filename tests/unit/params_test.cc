@@ -593,7 +593,7 @@ TEST(Params, TheSettingsForTestsAreMarkedApart) {
   }
   EXPECT_EQ(for_tests, (std::set<std::string>{"VMMIPC_ZONE_ANCHORS", "VMMIPC_WARM_CONNECTIONS",
                                               "VMMIPC_EXPORT_FD_CACHE", "VMMIPC_EXPORT_KEEPALIVE",
-                                              "VMMIPC_EXPORT_IN_GET", "VMMIPC_EXPORT_ON_MAP"}));
+                                              "VMMIPC_EXPORT_IN_GET", "VMMIPC_BACKGROUND_EXPORT"}));
   EXPECT_LE(users, 21u);
 }
 
