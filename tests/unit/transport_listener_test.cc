@@ -1157,6 +1157,18 @@ TEST_F(TransportListener, APeerThatDoesNotReadItsLongReplyDelaysNobody) {
   ExpectNoFdLeak();
 }
 
+// A RawExchange edit: the request's flags set to `flags` (follower 5), MAC'd again.
+auto WithFlags(uint16_t flags) {
+  return [flags](std::vector<uint8_t>* b) {
+    wire::Request request;
+    ASSERT_TRUE(wire::PeekRequestFields(*b, &request));
+    request.flags = flags;
+    request.follower = 5;
+    const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
+    b->assign(again.begin(), again.end());
+  };
+}
+
 // A request with the retired prefetch flag (an importer of an older vmmipc
 // that asked for prefetched runs) is refused as a bad request, verified
 // under the handle's key, so that such an importer asks again without it
@@ -1167,19 +1179,9 @@ TEST_F(TransportListener, TheRetiredPrefetchFlagIsRefusedAsABadRequest) {
     auto listener = MustStart(Options(pid), ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
     const SocketAddress address = AbstractAddress(pid);
-    auto with_flags = [](uint16_t flags) {
-      return [flags](std::vector<uint8_t>* b) {
-        wire::Request request;
-        ASSERT_TRUE(wire::PeekRequestFields(*b, &request));
-        request.flags = flags;
-        request.follower = 5;
-        const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
-        b->assign(again.begin(), again.end());
-      };
-    };
-    EXPECT_EQ(RawExchange(address, pid, with_flags(wire::kRequestFlagRetiredPrefetch)),
+    EXPECT_EQ(RawExchange(address, pid, WithFlags(wire::kRequestFlagRetiredPrefetch)),
               static_cast<int>(RefuseReason::kBadRequest));
-    EXPECT_EQ(RawExchange(address, pid, with_flags(0)), 0);
+    EXPECT_EQ(RawExchange(address, pid, WithFlags(0)), 0);
   }
   ExpectNoFdLeak();
 }
@@ -1258,19 +1260,9 @@ TEST_F(TransportListener, TheAnnounceFlagWithoutTheWatchFlagIsABadRequest) {
     auto listener = MustStart(Options(pid), ChunksHandler(1));
     ASSERT_NE(listener, nullptr);
     const SocketAddress address = AbstractAddress(pid);
-    auto with_flags = [](uint16_t flags) {
-      return [flags](std::vector<uint8_t>* b) {
-        wire::Request request;
-        ASSERT_TRUE(wire::PeekRequestFields(*b, &request));
-        request.flags = flags;
-        request.follower = 5;
-        const auto again = wire::EncodeRequest(request, wire::KeyFor(kSecret, request.handle));
-        b->assign(again.begin(), again.end());
-      };
-    };
-    EXPECT_EQ(RawExchange(address, pid, with_flags(kAnnounce)),
+    EXPECT_EQ(RawExchange(address, pid, WithFlags(kAnnounce)),
               static_cast<int>(RefuseReason::kBadRequest));
-    EXPECT_EQ(RawExchange(address, pid, with_flags(kWatch | kAnnounce)), 0);
+    EXPECT_EQ(RawExchange(address, pid, WithFlags(kWatch | kAnnounce)), 0);
   }
   original.Reset();
   ExpectNoFdLeak();

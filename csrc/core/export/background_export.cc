@@ -106,15 +106,6 @@ void BackgroundExport::Loop(ExportFn export_fn) {
   }
 }
 
-BackgroundExport::~BackgroundExport() {
-  std::unique_ptr<std::thread> thread;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-    wake_.notify_all();
-    thread = std::move(thread_);
-  }
-  if (thread && thread->joinable()) thread->join();
-}
+BackgroundExport::~BackgroundExport() { StopQuietThread(mutex_, wake_, &stop_, &thread_); }
 
 }  // namespace vmmipc::core

@@ -56,15 +56,6 @@ void AheadWorker::Loop(OpenFn open) {
   }
 }
 
-AheadWorker::~AheadWorker() {
-  std::unique_ptr<std::thread> thread;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-    wake_.notify_all();
-    thread = std::move(thread_);
-  }
-  if (thread && thread->joinable()) thread->join();
-}
+AheadWorker::~AheadWorker() { StopQuietThread(mutex_, wake_, &stop_, &thread_); }
 
 }  // namespace vmmipc::core
