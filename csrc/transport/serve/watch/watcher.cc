@@ -51,9 +51,14 @@ bool Watcher::Send(const wire::Event& event, int event_fd, int notice, const Dea
   return false;
 }
 
-bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks) {
+bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks,
+                       const Deadline* deadline) {
   std::vector<uint8_t> buffer(wire::kAckSize + 1);
+  // Bounded by the count and by the caller's deadline, whatever the peer
+  // keeps queueing (docs/security.md, "Reading from a peer"): a follower
+  // that floods acks cannot keep its reader here.
   for (size_t taken = 0; taken < max_acks; ++taken) {
+    if (taken > 0 && deadline != nullptr && deadline->Expired()) return true;
     // Looked at before it is taken: a watcher has no business sending fds,
     // and one that does is closed through the reaper with them queued.
     PeekedMessage peeked;
@@ -76,14 +81,25 @@ bool Watcher::ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks
     while (!outstanding.empty() &&
            static_cast<int32_t>(ack.sequence - outstanding.front().first) > 0)
       outstanding.pop_front();
-    if (outstanding.empty() || outstanding.front().first != ack.sequence)
-      continue;  // an older, already-skipped event's ack
+    if (outstanding.empty() || outstanding.front().first != ack.sequence) {
+      // An ack of nothing outstanding: an old, already-acked or skipped
+      // event's, or one never sent. It counts against the follower.
+      if (++stray_acks > kMaxStrayAcks) {
+        VMMIPC_LOG_WARN(
+            "follow: importer {} sent more than {} acks of events it was not waiting to ack "
+            "(a flood); dropping its watch connection: it is not waited for again, nor told "
+            "of pauses",
+            PeerPidText(pid), kMaxStrayAcks);
+        return false;
+      }
+      continue;
+    }
     const int notice = outstanding.front().second;
     outstanding.pop_front();
     if (notice >= 0 && ack.status == wire::AckStatus::kDone && done != nullptr)
       (*done)[static_cast<size_t>(notice)].push_back(follower);
   }
-  return true;  // the rest stays queued for the next reader
+  return true;  // the rest stays queued for the next pass
 }
 
 bool Watcher::Answered() const {

@@ -41,10 +41,24 @@ class Watcher {
   // not a failure (nothing was sent, the sequence is unchanged).
   bool Send(const wire::Event& event, int fd, int notice, const Deadline& deadline, int stop_fd,
             bool* would_block);
-  // Reads every ack queued now (at most `max_acks`) without waiting; false
-  // when the watcher must go (out of protocol, or the importer left). The
-  // follower is added to (*done)[notice] for each current notice acked kDone.
-  bool ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks = SIZE_MAX);
+  // Acks read by one ReadAcks at most (docs/security.md, "Reading from a
+  // peer"): one pass of a loop that reads them; what is left stays queued
+  // for the next pass, after the thread's other work.
+  static constexpr size_t kAcksPerPass = 256;
+  // Acks of no event outstanding (a sequence never sent, already acked or
+  // skipped) a watcher may send in its connection's life: an importer acks
+  // each event once, in order, so it sends none. Past this many it floods:
+  // ReadAcks drops it (one warning), and nobody waits for it again.
+  static constexpr size_t kMaxStrayAcks = 64;
+
+  // Reads the acks queued now without waiting: at most `max_acks`, and no
+  // more once `deadline` is past (the first is always looked at). False when the
+  // watcher must go (out of protocol, a flood of acks of nothing
+  // outstanding, or the importer left). The follower is added to
+  // (*done)[notice] for each current notice acked kDone. `deadline`: none
+  // when null.
+  bool ReadAcks(std::vector<std::vector<uint32_t>>* done, size_t max_acks = kAcksPerPass,
+                const Deadline* deadline = nullptr);
   // Whether a lagging follower has acked every event sent before it lagged.
   bool Answered() const;
   // Whether the importer hung up (or the socket is in error): never waits.
@@ -86,6 +100,8 @@ class Watcher {
   // 0: never. It is not waited for again, nor stops lagging, until that
   // burst is over: a follower costs a burst at most one timeout.
   uint64_t lag_burst = 0;
+  // Acks of nothing outstanding so far (kMaxStrayAcks).
+  size_t stray_acks = 0;
   // It missed more than the backlog's bound: its catch-up is one kUnfollowed
   // event (it drops what it holds of this exporter), then the connection goes.
   bool overflowed = false;

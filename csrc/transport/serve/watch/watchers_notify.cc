@@ -141,10 +141,15 @@ void Watchers::Exchange(std::vector<Target>& targets, const std::vector<WatchNot
       const short revents = pfds[i].revents;
       Target& target = *polled[i];
       const bool gone = (revents & (POLLERR | POLLHUP | POLLNVAL)) != 0 && (revents & POLLIN) == 0;
-      if (((revents & POLLIN) != 0 && !target.watcher->ReadAcks(&result->done)) || gone ||
-          ((revents & POLLOUT) != 0 && !SendNotices(target, notices, stop_fd, result)))
-        Drop(target.watcher);  // out of protocol, or the importer exited
+      if (((revents & POLLIN) != 0 &&
+           !target.watcher->ReadAcks(&result->done, Watcher::kAcksPerPass, &deadline)) ||
+          gone || ((revents & POLLOUT) != 0 && !SendNotices(target, notices, stop_fd, result)))
+        Drop(target.watcher);  // out of protocol, a flood, or the importer exited
     }
+    // One pass at least, then the deadline ends the wait whatever still
+    // arrives: a follower that keeps the connection readable (a flood of
+    // acks) no longer keeps the poll above returning at once for ever.
+    if (deadline.Expired()) return;
   }
 }
 
@@ -185,8 +190,8 @@ NotifyResult Watchers::Notify(const std::vector<WatchNotice>& notices, int timeo
     }
     // Answering again? Then it gets what it missed first, and these after
     // (still lagging, unless its burst is over).
-    if (watcher.ReadAcks(&result.done)) CatchUp(watcher, stop_fd);
-    if (!watcher.ReadAcks(&result.done) || watcher.dead)
+    if (watcher.ReadAcks(&result.done, Watcher::kAcksPerPass, &deadline)) CatchUp(watcher, stop_fd);
+    if (!watcher.ReadAcks(&result.done, Watcher::kAcksPerPass, &deadline) || watcher.dead)
       Drop(target.watcher);
     else if (watcher.lagging)
       Lag(target, notices, LagCause::kStillLagging, &result);
