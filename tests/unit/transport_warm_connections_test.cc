@@ -8,6 +8,7 @@
 // peer process keeps at most kMaxKeptPerPeer; a forked child closes its
 // copies and leaves its parent's connections working.
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -275,6 +276,54 @@ TEST_F(TransportWarm, APeerThatStopsReadingLosesItsConnectionAndHoldsUpNobody) {
   raw.Reset();
   CloseWarmConnections();
   listener.reset();
+  ExpectNoFdLeak();
+}
+
+// A long reply on a kept connection (issue 44): an importer asks for an
+// 8,500-chunk run (34 batches) on a connection the listener kept after an
+// earlier reply, then is descheduled for 1.5 s before it reads. The worker
+// that sends it waits for room as it would on a new connection, within the
+// listener's timeout: the reply's deadline, not the kept connection's (before,
+// a request on a kept connection carried a 0 ms send deadline to the worker,
+// and the open failed at the batch that found the socket full).
+TEST_F(TransportWarm, ALongReplyOnAKeptConnectionWaitsForAStalledImporter) {
+  constexpr size_t kChunks = 8500;
+  rlimit nofile{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+  const rlimit before = nofile;
+  // The reply's fds (the exporter's 8,500, the importer's batch) and the
+  // kernel's count of fds in flight (bounded by RLIMIT_NOFILE) need room.
+  constexpr rlim_t kNeeded = 2 * kChunks;
+  if (nofile.rlim_cur < kNeeded) nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, kNeeded);
+  if (nofile.rlim_cur < kNeeded) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below 17000";
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+  {
+    const uint32_t pid = FakePid();
+    std::atomic<int> calls{0};
+    auto listener = MustStart(Options(pid, 5000), ByAddress(kChunks, &calls));
+    // A short reply first: the listener keeps the connection after it.
+    RawImporter importer = SendRawRequest(pid, kBase + 16, 0x11);
+    ASSERT_EQ(importer.ReadReply(2000), 0);
+    // The long request on the kept connection (a fresh nonce), then a stall.
+    importer.request.handle.address = kLongReplyAddress;
+    importer.request.nonce.fill(0x22);
+    const auto bytes =
+        wire::EncodeRequest(importer.request, wire::KeyFor(kSecret, importer.request.handle));
+    ASSERT_TRUE(SendMessage(importer.fd.get(), bytes, {}, Deadline::AfterMs(1000)).ok())
+        << "the listener did not keep the connection";
+    usleep(1500 * 1000);  // the importer descheduled: the stall under test, not a wait for an event
+    const auto start = Clock::now();
+    const int status = importer.ReadReply(5000);
+    std::printf(
+        "[ bound    ] %zu chunks on a kept connection after a 1.5 s stall: status %d, "
+        "read in %ld ms\n",
+        kChunks, status, ElapsedMs(start));
+    EXPECT_EQ(status, 0) << "the long reply on the kept connection failed";
+    EXPECT_EQ(calls.load(), 2);
+    importer.fd.Reset();
+    listener.reset();
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
   ExpectNoFdLeak();
 }
 

@@ -76,10 +76,16 @@ bool SendGrants(const PendingRequest& p, const ServeContext& context, const Serv
   const uint32_t total = static_cast<uint32_t>(all);
   const uint32_t batches = wire::BatchCount(total);
   // A fresh deadline: the handler's time (exporting chunks) is not the peer's
-  // fault. None on a kept connection: an importer reads each reply before its
+  // fault. The reply's own, not its connection's: a one-message reply on a
+  // kept connection gets none, since an importer reads each reply before its
   // next request, so the queue is empty unless the peer does not read, and
-  // the poll thread that sends it must not wait on such a peer.
-  const Deadline deadline = Deadline::AfterMs(p.kept ? 0 : context.timeout.ms());
+  // the poll thread that sends it must not wait on such a peer; a longer
+  // reply is a worker's (listener.h), whose sends wait for an importer that
+  // reads at its own pace (descheduled between batches, say) as on a new
+  // connection. Before, a multi-batch reply on a kept connection failed as
+  // soon as the importer was a socket buffer behind (issue 44).
+  const bool waits = !p.kept || batches > 1;
+  const Deadline deadline = Deadline::AfterMs(waits ? context.timeout.ms() : 0);
   std::vector<wire::ReplyEntry> entries;
   std::vector<int> fds;
   for (uint32_t batch = 0; batch < batches; ++batch) {

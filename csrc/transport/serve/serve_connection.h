@@ -70,8 +70,9 @@ struct PendingRequest {
   ServeRequest request;
   // A watch request's watcher, reserved before it is served (watchers.h).
   Watchers::Reservation watcher;
-  // Came on a kept connection: its reply is sent without waiting (a peer
-  // that queued requests without reading the replies loses the connection).
+  // Came on a kept connection: a one-message reply on it is sent without
+  // waiting (a peer that queued requests without reading the replies loses
+  // the connection); a longer one, a worker's, waits as on a new one.
   bool kept = false;
 };
 
