@@ -349,6 +349,53 @@ TEST_F(TransportWarm, OnePeerProcessKeepsAtMostItsShare) {
   ExpectNoFdLeak();
 }
 
+// A fork while a fetch uses a warm connection (issue 44): the connection is
+// out of the pool then, on the fetch's thread, which does not exist in the
+// child. The child closes its copy too (before, it kept it until exec or
+// exit); the parent's fetch is answered on it all the same.
+TEST_F(TransportWarm, AForkedChildClosesTheConnectionAFetchIsUsing) {
+  const uint32_t pid = FakePid();
+  std::atomic<int> calls{0};
+  std::atomic<bool> release{false};
+  ServeHandler chunk = ChunksHandler(1);
+  // The second request's handler holds the fetch on its warm connection
+  // until the fork is done (a hold point, released below).
+  auto listener = MustStart(Options(pid, 5000), [&](const ServeRequest& r) {
+    if (++calls == 2)
+      for (int i = 0; i < 5000 && !release.load(); ++i) usleep(1000);
+    return chunk(r);
+  });
+  ASSERT_EQ(FetchChunks(Request(pid), WarmClient()).status, FetchStatus::kOk);
+  const std::string name = AbstractAddress(pid).display;
+  ScopedFd taken = TakeWarmConnection(name);
+  ASSERT_TRUE(taken.valid());
+  const int in_use_fd = taken.get();
+  KeepWarmConnection(name, std::move(taken), 64);
+  FetchResult held;
+  std::thread fetch([&] { held = FetchChunks(Request(pid), WarmClient(64, 5000)); });
+  for (int i = 0; i < 5000 && calls.load() < 2; ++i) usleep(1000);
+  ASSERT_EQ(calls.load(), 2) << "the fetch never reached the exporter";
+  ASSERT_EQ(WarmConnectionStatsNow().kept, 0u) << "the fetch did not take the warm connection";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    WarmConnectionsAfterForkInChild();
+    _exit(fcntl(in_use_fd, F_GETFD) != -1 || errno != EBADF ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  release = true;
+  fetch.join();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child kept its copy of the connection in use";
+  EXPECT_EQ(held.status, FetchStatus::kOk) << held.detail;
+  EXPECT_TRUE(held.warm);
+  held.chunks.clear();
+  CloseWarmConnections();
+  listener.reset();
+  ExpectNoFdLeak();
+}
+
 TEST_F(TransportWarm, AForkedChildClosesItsCopiesAndLeavesTheParentsWorking) {
   const uint32_t pid = FakePid();
   auto listener = MustStart(Options(pid, 2000), ChunksHandler(1));

@@ -113,6 +113,7 @@ bool TakeWarm(Fetch& fetch) {
   if (fetch.options.warm_connections == 0) return false;
   fetch.sock = TakeWarmConnection(fetch.address.display);
   if (!fetch.sock.valid()) return false;
+  fetch.in_use.Note(fetch.sock.get());
   fetch.reused = true;
   fetch.connected = SteadyClock::now();
   return true;
@@ -130,6 +131,7 @@ Ended Connect(Fetch& fetch) {
     }
     return IoFailure(io, "connecting", fetch);
   }
+  fetch.in_use.Note(fetch.sock.get());
   fetch.connected = SteadyClock::now();
   PeerCredentials server;
   if (IoResult io = GetPeerCredentials(fetch.sock.get(), &server); !io.ok()) {
@@ -185,6 +187,7 @@ FetchResult HandOver(Fetch& fetch) {
   result.connect_us = MicrosBetween(fetch.start, fetch.connected);
   result.answer_us = MicrosSince(fetch.connected);
   result.warm = fetch.reused;
+  fetch.in_use.Forget();  // the watch client's or the pool's from here on
   if (fetch.options.watch) {
     // The answer verified: this connection is the exporter's. Kept for its events.
     result.watch.fd = std::move(fetch.sock);

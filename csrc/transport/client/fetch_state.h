@@ -11,6 +11,7 @@
 
 #include "common/elapsed.h"
 #include "transport/client/fetch_client.h"
+#include "transport/client/warm_connections.h"
 #include "transport/reaper/fd_reaper.h"
 #include "transport/socket_address.h"
 #include "transport/socket_io.h"
@@ -45,6 +46,8 @@ struct Fetch {
   const uint32_t uid = ::geteuid();
   SocketAddress address;
   ScopedFd sock;
+  // `sock` while this fetch uses it: a child forked meanwhile closes its copy.
+  ConnectionInUse in_use;
   // The request goes on a kept connection (warm_connections.h), and whether
   // that connection turned out dead before any answer came (its exporter
   // closed it just before our request): then the fetch connects afresh once.

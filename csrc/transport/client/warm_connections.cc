@@ -3,6 +3,8 @@
 #include "transport/client/warm_connections.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,12 +27,26 @@ struct Entry {
   uint64_t last_use = 0;  // the pool's clock: higher is more recent
 };
 
+// A connection a fetch uses (ConnectionInUse): its number and its socket's
+// inode, which tell the child whether that number is still this connection,
+// and the thread using it (the one that forks, from a signal handler that
+// interrupted its own fetch, goes on using it in the child).
+struct InUse {
+  uint64_t id = 0;
+  int fd = -1;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  pthread_t thread{};
+};
+
 struct Pool {
   // Held only to read or write the list (and one poll(0) per connection
   // taken), never across a close: closes that may go to the reaper happen
   // after it is released.
   ForkMutex mutex;
   std::vector<Entry> entries;
+  std::vector<InUse> in_use;
+  uint64_t in_use_ids = 0;
   uint64_t clock = 0;
   WarmConnectionStats stats;
 };
@@ -126,6 +142,33 @@ void KeepWarmConnection(const std::string& name, ScopedFd connection, size_t lim
   CloseConnection(std::move(evicted));
 }
 
+void ConnectionInUse::Note(int fd) noexcept {
+  Forget();
+  if (fd < 0) return;
+  // A socket's inode: fstat never reaches a filesystem's daemon here.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;
+  try {
+    Pool& pool = ThePool();
+    std::lock_guard<ForkMutex> lock(pool.mutex);
+    const uint64_t id = ++pool.in_use_ids;
+    pool.in_use.push_back(InUse{id, fd, st.st_dev, st.st_ino, ::pthread_self()});
+    id_ = id;
+  } catch (...) {
+    // Out of memory: not recorded (warm_connections.h).
+  }
+}
+
+void ConnectionInUse::Forget() noexcept {
+  if (id_ == 0) return;
+  Pool* pool = g_pool.load(std::memory_order_acquire);
+  if (pool != nullptr) {
+    std::lock_guard<ForkMutex> lock(pool->mutex);
+    std::erase_if(pool->in_use, [&](const InUse& u) { return u.id == id_; });
+  }
+  id_ = 0;
+}
+
 void CloseWarmConnections() noexcept {
   Pool* pool = g_pool.load(std::memory_order_acquire);
   if (pool == nullptr) return;
@@ -158,6 +201,15 @@ void WarmConnectionsAfterForkInChild() noexcept {
   // is released here), and shutdown() would end the parent's connections.
   for (Entry& e : pool->entries) ::close(e.fd.Release());
   pool->entries.clear();
+  // The connections fetches were using: their threads do not exist here.
+  // Closed only where the number is still that connection (it may have been
+  // closed, and the number reused, just before the fork).
+  for (const InUse& u : pool->in_use) {
+    if (::pthread_equal(u.thread, ::pthread_self()) != 0) continue;  // its fetch goes on here
+    struct stat st {};
+    if (::fstat(u.fd, &st) == 0 && st.st_dev == u.dev && st.st_ino == u.ino) ::close(u.fd);
+  }
+  pool->in_use.clear();
   pool->stats = WarmConnectionStats{};
 }
 

@@ -16,10 +16,13 @@
 // Every close here goes through CloseConnection, never on the caller's
 // thread when something may still be queued. A forked child closes its
 // copies (plain closes: shutdown() would end the parent's connections too)
-// and starts empty; the lock is a fork lock (common/fork_lock.h).
+// and starts empty, and closes its copies of the connections fetches were
+// using at the fork (ConnectionInUse); the lock is a fork lock
+// (common/fork_lock.h).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/scoped_fd.h"
@@ -37,6 +40,29 @@ ScopedFd TakeWarmConnection(const std::string& name) noexcept;
 // `limit` 0, or past the bounds, it (or the least recently used one) is
 // closed instead.
 void KeepWarmConnection(const std::string& name, ScopedFd connection, size_t limit) noexcept;
+
+// A connection a fetch uses now, taken from the pool or new, for this
+// object's life: a forked child closes its copy too (the thread using it
+// does not exist there; before, the child kept it until exec or exit),
+// unless the thread using it is the one that forked (a fork in a signal
+// handler that interrupted its fetch: the fetch goes on in the child).
+// Recorded by number and socket inode, so that the child closes it only
+// when that number is still this connection. Without memory for the record,
+// it is not recorded (the child then keeps its copy until exec, as before).
+class ConnectionInUse {
+ public:
+  ConnectionInUse() = default;
+  explicit ConnectionInUse(int fd) noexcept { Note(fd); }
+  ~ConnectionInUse() { Forget(); }
+  ConnectionInUse(const ConnectionInUse&) = delete;
+  ConnectionInUse& operator=(const ConnectionInUse&) = delete;
+  // Records `fd` instead of what was recorded before (-1: nothing).
+  void Note(int fd) noexcept;
+  void Forget() noexcept;
+
+ private:
+  uint64_t id_ = 0;  // 0: nothing recorded
+};
 
 // Closes every kept connection (tests; a process that turns warm connections off).
 void CloseWarmConnections() noexcept;
