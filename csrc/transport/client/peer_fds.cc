@@ -1,5 +1,6 @@
-// The kind check of a peer's fds (fstat, fstatfs, F_GETFL, isatty) and their
-// hand-over to the reaper.
+// The kind check of a peer's fds (statx from the kernel's cache, F_GETFL,
+// isatty; a regular file's place, then fstatfs) and their hand-over to the
+// reaper.
 #include "transport/client/peer_fds.h"
 
 #include <fcntl.h>
@@ -15,9 +16,11 @@
 
 namespace vmmipc::transport {
 bool IsMemoryFdKind(int fd, std::string* why) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    *why = fmt::format("fstat: {}", ErrnoText(errno));
+  // Its inode as the kernel caches it: a FUSE or NFS file's daemon or server
+  // is not asked (fd_kind.h; fstat would ask, and might wait for ever).
+  CachedStat st;
+  if (!StatCached(fd, &st)) {
+    *why = fmt::format("statx: {}", ErrnoText(errno));
     return false;
   }
   const int flags = ::fcntl(fd, F_GETFL);
@@ -25,10 +28,27 @@ bool IsMemoryFdKind(int fd, std::string* why) {
     *why = "an O_PATH fd";
     return false;
   }
-  switch (st.st_mode & S_IFMT) {
+  switch (st.mode & S_IFMT) {
     case S_IFREG: {
-      // Not FUSE's or NFS's: their close may flush, and wait for ever.
+      // A memfd, told by its mount (the kernel's own: its filesystem is
+      // asked nothing that waits) and its filesystem's type.
       long type = 0;
+      if (IsMemfdMount(st.mount)) {
+        if (OnMemoryFilesystem(fd, &type)) return true;
+        *why = fmt::format("a regular file of a filesystem of type {:#x}, not memory", type);
+        return false;
+      }
+      // Any other regular file is placed before its filesystem is asked
+      // anything (fstatfs would ask FUSE's daemon too): only a memory
+      // filesystem's file is device memory, and FUSE's or NFS's close may
+      // flush, and wait for ever.
+      const FdPlace place = PlaceOf(fd);
+      if (place == FdPlace::kListedMayWait || place == FdPlace::kUnlisted) {
+        *why =
+            "a regular file of a filesystem whose calls may wait on a daemon or server (FUSE, "
+            "NFS...), or of a mount this process cannot see";
+        return false;
+      }
       if (OnMemoryFilesystem(fd, &type)) return true;
       *why = fmt::format("a regular file of a filesystem of type {:#x}, not memory", type);
       return false;
@@ -53,7 +73,7 @@ bool IsMemoryFdKind(int fd, std::string* why) {
       *why = "a block device";
       return false;
     default:
-      *why = fmt::format("a file of type {:#o}", st.st_mode & S_IFMT);
+      *why = fmt::format("a file of type {:#o}", st.mode & S_IFMT);
       return false;
   }
 }

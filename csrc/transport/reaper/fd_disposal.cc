@@ -3,12 +3,12 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 
+#include "transport/reaper/fd_kind.h"
 #include "transport/socket_io.h"
 
 namespace vmmipc::transport {
@@ -90,8 +90,23 @@ void AcceptAll(int fd, int depth, DisposalCounts* counts) {
 }
 
 void Dispose(int fd, int depth, DisposalCounts* counts) {
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+  // A socket first, by a call only sockets answer (any other file is
+  // ENOTSOCK, its filesystem never asked): most of what comes here is one.
+  int socket_type = 0;
+  socklen_t type_length = sizeof(socket_type);
+  const bool socket = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &socket_type, &type_length) == 0;
+  // Anything else is placed before anything looks at it (fd_kind.h): a
+  // file whose filesystem may wait on someone (FUSE, NFS, a mount of another
+  // mount namespace) is neither stat'ed nor closed, since either may wait
+  // for its daemon for ever (before, every reaper thread could be kept so,
+  // issue 44). It stays open in this table, which is not the host's; the
+  // table's RLIMIT_NOFILE bounds them, past which the kernel drops the fds a
+  // message carries itself, without the flush that waits.
+  if (!socket && PlacesKnown() && !StatNeverWaits(PlaceOf(fd))) {
+    ++counts->kept_open;
+    return;
+  }
+  if (socket) {
     // Linger on with a zero time: the last close aborts the connection
     // (a reset for TCP) instead of waiting for unsent data to be acked.
     const linger abort_at_close{1, 0};
