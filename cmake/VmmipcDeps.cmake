@@ -1,5 +1,5 @@
-# fmt and spdlog, used header-only (csrc/CMakeLists.txt: FMT_HEADER_ONLY, SPDLOG_HEADER_ONLY,
-# spdlog on the external fmt): libvmmipc.so links neither, so any copy of their headers does.
+# fmt and spdlog, compiled into the library from their headers (spdlog header-only on the
+# external fmt; fmt below): libvmmipc.so links neither, so any copy of their headers does.
 # Found on the system first (find_package: libfmt-dev, libspdlog-dev, a prefix on
 # CMAKE_PREFIX_PATH); where either is missing, both are fetched as one pinned pair of upstream
 # release tarballs (FetchContent, checked by SHA-256), so that a build needs no root and no
@@ -13,9 +13,12 @@
 #   FETCHCONTENT_SOURCE_DIR_VMMIPC_FMT, FETCHCONTENT_SOURCE_DIR_VMMIPC_SPDLOG
 #                                 an unpacked source tree instead (offline builds)
 #
-# Defines, for csrc/, vmmipc_fmt (fmt's headers, FMT_HEADER_ONLY) and vmmipc_spdlog_headers
-# (spdlog's include folder and definitions only, never its library): from the system's targets
-# or from the fetched sources, of which nothing is built.
+# Defines, for csrc/, vmmipc_fmt (fmt's headers) and vmmipc_spdlog_headers (spdlog's include
+# folder and definitions only, never its library): from the system's targets or from the
+# fetched sources, of which nothing of their own build is used. A system fmt 9.x is compiled
+# once, into the common layer (csrc/common/fmt_impl.cc: VMMIPC_FMT_COMPILED); any other fmt is
+# used with FMT_HEADER_ONLY, which compiles its formatting engine into every file that formats
+# (the build takes about twice as long; the library is the same).
 option(VMMIPC_FETCH_DEPS "Fetch fmt and spdlog (pinned release tarballs) when not installed" ON)
 set(VMMIPC_FMT_VERSION 10.2.1)
 set(VMMIPC_SPDLOG_VERSION 1.13.0)
@@ -34,13 +37,22 @@ if(fmt_FOUND AND spdlog_FOUND AND TARGET fmt::fmt-header-only
    AND TARGET spdlog::spdlog_header_only)
   message(STATUS "vmmipc: fmt ${fmt_VERSION} and spdlog ${spdlog_VERSION} from the system")
   add_library(vmmipc_fmt INTERFACE)
-  target_link_libraries(vmmipc_fmt INTERFACE fmt::fmt-header-only)
-  # Not linked: the system's spdlog target would bring the compiled libfmt.so along.
+  if(fmt_VERSION VERSION_GREATER_EQUAL 9 AND fmt_VERSION VERSION_LESS 10)
+    # Its headers only; its implementation from csrc/common/fmt_impl.cc, never libfmt.so.
+    set(VMMIPC_FMT_COMPILED ON)
+    target_include_directories(vmmipc_fmt INTERFACE
+      $<TARGET_PROPERTY:fmt::fmt-header-only,INTERFACE_INCLUDE_DIRECTORIES>)
+  else()
+    set(VMMIPC_FMT_COMPILED OFF)
+    target_link_libraries(vmmipc_fmt INTERFACE fmt::fmt-header-only)
+  endif()
+  # Not linked: the system's spdlog target would bring the compiled libfmt.so along. Nor its
+  # FMT_SHARED, which would give fmt's functions default visibility in the common layer.
   add_library(vmmipc_spdlog_headers INTERFACE)
   target_include_directories(vmmipc_spdlog_headers INTERFACE
     $<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_INCLUDE_DIRECTORIES>)
   target_compile_definitions(vmmipc_spdlog_headers INTERFACE
-    $<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_COMPILE_DEFINITIONS>)
+    $<FILTER:$<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_COMPILE_DEFINITIONS>,EXCLUDE,^FMT_SHARED$>)
   return()
 endif()
 if(fmt_FOUND)
@@ -76,6 +88,7 @@ endforeach()
 
 # Headers and definitions only; not installed (libvmmipc.so carries the code it instantiates
 # and exports none of it). spdlog on this fmt, not on the copy it bundles.
+set(VMMIPC_FMT_COMPILED OFF)
 add_library(vmmipc_fmt INTERFACE)
 target_include_directories(vmmipc_fmt SYSTEM INTERFACE ${vmmipc_fmt_SOURCE_DIR}/include)
 target_compile_definitions(vmmipc_fmt INTERFACE FMT_HEADER_ONLY=1)

@@ -1,8 +1,8 @@
 // Logging for a library that lives in someone else's process: one line per
 // event on stderr (or the file VMMIPC_LOG_FILE names), tagged "vmmipc" with
 // pid and rank, like NCCL_DEBUG output; and the one formatter of byte counts
-// for log lines. spdlog stays behind log.cc (no spdlog in any header); fmt is
-// header-only.
+// for log lines. spdlog stays behind log.cc (no spdlog in any header); fmt's
+// compiled part is common/fmt_impl.cc's (or header-only: csrc/CMakeLists.txt).
 #pragma once
 
 #include <fmt/format.h>
