@@ -2,19 +2,25 @@
 # Installs what vmmipc needs from Debian/Ubuntu packages (apt-get, through sudo when not
 # root), checks for the CUDA driver API headers, then configures and builds into build/
 # (or $BUILD_DIR).
-#   scripts/setup.sh [--demo] [cmake configure args...]
+#   scripts/setup.sh [--demo | --tests] [cmake configure args...]
 #   --demo   only what scripts/demo.sh needs: the packages of the library (cmake ninja-build
 #            g++ binutils libfmt-dev libspdlog-dev), and the targets vmmipc, vmmipc-config,
-#            vmmipc_peer and vmmipc_sim_cuda (VMMIPC_BUILD_SIM: without GTest too). Without
-#            it: every package (GTest, Google Benchmark, clang for the fuzz targets) and every
-#            target (scripts/test.sh).
+#            vmmipc_peer and vmmipc_sim_cuda (VMMIPC_BUILD_SIM: without GTest too).
+#   --tests  every package, and the targets of the suites that need no GPU (cpu_tests: no
+#            fuzz targets, no benchmarks; scripts/test.sh).
+#   Neither: every package (GTest, Google Benchmark, clang for the fuzz targets) and every
+#            target (scripts/test.sh --all, .ci/run).
 # Extra arguments go to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 demo=0
+tests_only=0
 if [ "${1:-}" = "--demo" ]; then
   demo=1
+  shift
+elif [ "${1:-}" = "--tests" ]; then
+  tests_only=1
   shift
 fi
 
@@ -85,6 +91,9 @@ cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCUDAToolkit_ROOT="$cuda_root" "${
 if ((demo)); then
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
   echo "setup: built the demo's targets in $BUILD_DIR (${targets[*]})"
+elif ((tests_only)); then
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target cpu_tests
+  echo "setup: built the library and the test suites that need no GPU in $BUILD_DIR"
 else
   cmake --build "$BUILD_DIR" -j "$(nproc)"
   echo "setup: built $BUILD_DIR/csrc/libvmmipc.so and everything else"
