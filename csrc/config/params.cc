@@ -119,29 +119,38 @@ const char* LookUpWithOldName(const EnvLookup& lookup, const char* name, Params*
   return text;
 }
 
+// The warning of a refused value, and what is used instead. VMMIPC_RANK's
+// default (-1) is no value but its absence: LOCAL_RANK, RANK and the GPU are
+// still asked (SettleRank), so "the default -1" would say less than happens.
+std::string Refusal(const char* name, const char* text, const std::string& why, const char* def) {
+  if (!strcmp(name, "VMMIPC_RANK"))
+    return fmt::format("ignoring {}='{}': {}; treated as unset (LOCAL_RANK, RANK, then the GPU)",
+                       name, text, why);
+  return fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def);
+}
+
 // Every variable of params.def from `lookup`: a bad value (its kind's syntax,
 // then its rule) is reported and the default kept.
 void ParseVariables(const EnvLookup& lookup, Params* params) {
   size_t index = 0;
-#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                                    \
-  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) {       \
-    auto saved = params->field;                                                            \
-    const std::string why = Assign(&params->field, Kind::kind, text)                       \
-                                ? Violation(rule, params->field)                           \
-                                : SyntaxError(Kind::kind);                                 \
-    Outcome& outcome = params->outcomes[index];                                            \
-    if (!why.empty()) {                                                                    \
-      params->field = saved;                                                               \
-      outcome.origin = Origin::kIgnored;                                                   \
-      outcome.reason = why;                                                                \
-      outcome.why =                                                                        \
-          fmt::format("ignoring {}='{}': {}; using the default {}", name, text, why, def); \
-      params->warnings.push_back(outcome.why);                                             \
-    } else {                                                                               \
-      outcome.origin = Origin::kEnvironment;                                               \
-      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";               \
-    }                                                                                      \
-  }                                                                                        \
+#define VMMIPC_PARAM(field, name, kind, def, rule, doc)                              \
+  if (const char* text = LookUpWithOldName(lookup, name, params); text != nullptr) { \
+    auto saved = params->field;                                                      \
+    const std::string why = Assign(&params->field, Kind::kind, text)                 \
+                                ? Violation(rule, params->field)                     \
+                                : SyntaxError(Kind::kind);                           \
+    Outcome& outcome = params->outcomes[index];                                      \
+    if (!why.empty()) {                                                              \
+      params->field = saved;                                                         \
+      outcome.origin = Origin::kIgnored;                                             \
+      outcome.reason = why;                                                          \
+      outcome.why = Refusal(name, text, why, def);                                   \
+      params->warnings.push_back(outcome.why);                                       \
+    } else {                                                                         \
+      outcome.origin = Origin::kEnvironment;                                         \
+      if (!strcmp(name, "VMMIPC_RANK")) params->rank_source = "VMMIPC_RANK";         \
+    }                                                                                \
+  }                                                                                  \
   ++index;
 #include "config/params.def"
 #undef VMMIPC_PARAM

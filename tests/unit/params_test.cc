@@ -119,6 +119,21 @@ TEST(Params, RankFallsBackToLocalRankThenRank) {
   EXPECT_EQ(ParseWith({{"LOCAL_RANK", "70000"}}).rank, -1);
 }
 
+// A refused VMMIPC_RANK is no rank at all: the fallbacks still apply, and the
+// warning says so rather than naming -1 as if it were a value.
+TEST(Params, ARefusedRankIsTreatedAsUnset) {
+  Params p = ParseWith({{"VMMIPC_RANK", "abc"}, {"LOCAL_RANK", "3"}});
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.rank_source, "LOCAL_RANK");
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_EQ(p.warnings[0],
+            "ignoring VMMIPC_RANK='abc': not a whole number; treated as unset (LOCAL_RANK, RANK, "
+            "then the GPU)");
+  // Other variables still name their default.
+  EXPECT_EQ(ParseWith({{"VMMIPC_TIMEOUT_MS", "x"}}).warnings.at(0),
+            "ignoring VMMIPC_TIMEOUT_MS='x': not a whole number; using the default 5000");
+}
+
 TEST(Params, RankFromPinsTheSource) {
   Params automatic = ParseWith({});
   EXPECT_EQ(automatic.rank_from, "auto");
