@@ -12,6 +12,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "config/cross_settings.h"
 #include "config/layout.h"
 #include "config/unknown_names.h"
 
@@ -339,14 +340,15 @@ void WarnAcrossSettings(Params* params) {
 Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   // Defaults first, from the same table text that the docs show; then the
   // environment. Each value is fine on its own; together they must still
-  // form a layout. Then the rank, from its variables; last, the names that
-  // are none of ours.
+  // form a layout. Then the rank, from its variables; then the names that
+  // are none of ours; last, what the settings do together.
   Params params;
   ParseVariables(lookup, &params);
   SettleLayout(&params);
   SettleRank(lookup, &params);
   WarnAcrossSettings(&params);
   ParseUnknownNames(lookup, names, &params);
+  AddCrossSettingWarnings(&params);
   return params;
 }
 

@@ -336,6 +336,16 @@ class LauncherShowsTheToolTest(unittest.TestCase):
         self.assertIn("[FAIL] sockets         VMMIPC_SOCKET_DIR=/nonexistent/dir "
                       f"{report['sockets']['why']}", lines)
 
+    def test_check_shows_what_settings_do_together_as_the_library_says_it(self):
+        # One list (csrc/config/cross_settings.cc) feeds the library's log and the tool.
+        env = dict(VMMIPC_CUDA_LIBRARY=NO_DRIVER, VMMIPC_PREFETCH="1", VMMIPC_FOLLOW="0")
+        _, report, _ = tool(**env)
+        line = ("VMMIPC_PREFETCH=1 does nothing without VMMIPC_FOLLOW=1 (its events drop what "
+                "was prefetched when the exporter unmaps it); set both, in every process")
+        self.assertIn(line, report["warnings"])
+        result = run(["--lib", OPTIONS.lib, "--check"], clean_env(**env))
+        self.assertIn(f"[WARN] config          {line}", result.stdout.splitlines())
+
     def test_options_are_settled_by_the_tool(self):
         result = run(["--lib", OPTIONS.lib, "--log-level", "Warning", "--print-env"], clean_env())
         self.assertEqual(result.returncode, 0, result.stderr)

@@ -134,6 +134,18 @@ TEST(Params, ARefusedRankIsTreatedAsUnset) {
             "ignoring VMMIPC_TIMEOUT_MS='x': not a whole number; using the default 5000");
 }
 
+// Settings valid alone that do nothing together are warned about by Parse, so
+// the library's log and vmmipc-config (--check) carry the same line.
+TEST(Params, SettingsThatDoNothingTogetherAreWarnedAbout) {
+  const std::string line =
+      "VMMIPC_PREFETCH=2 does nothing without VMMIPC_FOLLOW=1 (its events drop what was "
+      "prefetched when the exporter unmaps it); set both, in every process";
+  EXPECT_EQ(ParseWith({{"VMMIPC_PREFETCH", "2"}, {"VMMIPC_FOLLOW", "0"}}).warnings,
+            std::vector<std::string>{line});
+  EXPECT_TRUE(ParseWith({{"VMMIPC_PREFETCH", "2"}, {"VMMIPC_FOLLOW", "1"}}).warnings.empty());
+  EXPECT_TRUE(ParseWith({{"VMMIPC_FOLLOW", "0"}}).warnings.empty());
+}
+
 TEST(Params, RankFromPinsTheSource) {
   Params automatic = ParseWith({});
   EXPECT_EQ(automatic.rank_from, "auto");
