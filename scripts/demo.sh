@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's demo: builds what it needs (scripts/setup.sh --demo: the library, the
-# simulated driver and the peer program, not the tests), then shows two processes
-# sharing VMM memory through legacy CUDA IPC with libvmmipc.so preloaded, on
+# simulated driver and the peer program, not the tests), then shows the driver refusing
+# legacy CUDA IPC on VMM memory without vmmipc (CUDA_ERROR_INVALID_VALUE, which the
+# simulated driver reproduces), and two processes sharing that memory through legacy
+# CUDA IPC with libvmmipc.so preloaded, on
 # the GPU when there is one, else on the project's simulated driver. It runs
 # the pair twice to show that the importer's address is the same in fresh runs.
 # DEMO_LIB=PATH preloads that library instead of the build's (CI: the one a
@@ -32,10 +34,10 @@ work=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
 declare -A to_peer from_peer
-start_peer() {  # name rank
-  local name=$1 rank=$2
+start_peer() {  # name rank [library to preload: the build's by default, "" for none]
+  local name=$1 rank=$2 preload=${3-$lib}
   mkfifo "$work/$name.in" "$work/$name.out"
-  env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$driver_path" VMMIPC_RANK="$rank" \
+  env LD_PRELOAD="$preload" LD_LIBRARY_PATH="$driver_path" VMMIPC_RANK="$rank" \
     VMMIPC_LOG_LEVEL="${VMMIPC_LOG_LEVEL:-warn}" "$peer" <"$work/$name.in" >"$work/$name.out" &
   pids+=($!)
   exec {fd_in}>"$work/$name.in" {fd_out}<"$work/$name.out"
@@ -47,16 +49,38 @@ stop_peer() {  # name
   exec {to_peer[$1]}>&- {from_peer[$1]}<&-
   rm -f "$work/$1.in" "$work/$1.out"
 }
-ask() {  # name command
+answer() {  # name command: the answer as it is ("ok ..." or "err <CUresult> <name>")
   echo "$2" >&"${to_peer[$1]}"
   local answer
   IFS= read -r -t 30 answer <&"${from_peer[$1]}" || answer="err no answer"
+  echo "$answer"
+}
+ask() {  # name command: the answer's values; anything but ok ends the demo
+  local answer
+  answer=$(answer "$1" "$2")
   [[ $answer == ok* ]] || { echo "demo: '$2' failed: $answer" >&2; exit 1; }
   echo "${answer#ok}" | sed 's/^ //'
 }
 
 echo "vmmipc demo on $where"
 [ -z "${DEMO_LIB:-}" ] || echo "library: $lib"
+
+# The driver's own answer first: no preload, VMM memory, legacy IPC's get.
+start_peer BARE 0 ""
+ask BARE init >/dev/null
+bare_pid=$(ask BARE pid)
+bare_base=$(ask BARE "alloc_vmm buf $chunk 2")
+read -r status code name <<<"$(answer BARE "get $bare_base")"
+stop_peer BARE
+wait
+pids=()
+echo
+if [ "$status" = err ] && [ -n "$name" ]; then
+  refused="$name ($code): the driver refuses VMM memory for legacy IPC"
+else
+  refused="'$status $code $name' (this driver did not refuse it)"
+fi
+echo "without vmmipc (pid $bare_pid, no LD_PRELOAD): cuMemCreate + cuMemMap at $bare_base, cuIpcGetMemHandle -> $refused"
 for run in 1 2; do
   start_peer EXPORTER 0
   ask EXPORTER init >/dev/null

@@ -1,4 +1,5 @@
-"""`python -m vmmipc demo`: two processes share VMM memory through legacy CUDA IPC with
+"""`python -m vmmipc demo`: first the driver's refusal of legacy CUDA IPC on VMM memory
+without vmmipc, then two processes sharing that memory through legacy CUDA IPC with
 libvmmipc.so preloaded, on the GPU when there is one, else on vmmipc's simulated driver
 (host memory stands in for device memory). The pair runs twice, to show that the
 importer's address is the same in fresh processes. What scripts/demo.sh shows from a
@@ -31,10 +32,14 @@ class Peer:
         self.process = subprocess.Popen([peer], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, text=True, bufsize=1)
 
-    def ask(self, command):
+    def answer(self, command):
+        """The peer's answer to `command` as it is: "ok ..." or "err <CUresult> <name>"."""
         self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
-        answer = self.process.stdout.readline().rstrip("\n")
+        return self.process.stdout.readline().rstrip("\n")
+
+    def ask(self, command):
+        answer = self.answer(command)
         if not answer.startswith("ok"):
             raise DemoError(f"'{command}' failed: {answer or 'no answer (the peer exited)'}")
         return answer[2:].strip()
@@ -78,6 +83,26 @@ def _placement(env, library):
             f"(address - region base)")
 
 
+def refusal_without_vmmipc(peer, env):
+    """What the driver itself answers, without vmmipc, to cuIpcGetMemHandle on VMM memory
+    (the simulated driver answers as the real one: CUDA_ERROR_INVALID_VALUE)."""
+    bare = Peer(peer, env)
+    try:
+        bare.ask("init")
+        pid = bare.ask("pid")
+        base = bare.ask(f"alloc_vmm buf {CHUNK} 2")
+        answer = bare.answer(f"get {base}")
+    finally:
+        bare.stop()
+    said = answer.split()
+    if said[:1] == ["err"] and len(said) == 3:
+        result = f"{said[2]} ({said[1]}): the driver refuses VMM memory for legacy IPC"
+    else:
+        result = f"'{answer}' (this driver did not refuse it)"
+    return (f"without vmmipc (pid {pid}, no LD_PRELOAD): cuMemCreate + cuMemMap at {base}, "
+            f"cuIpcGetMemHandle -> {result}")
+
+
 def run_demo(library, peer, sim_dir, simulated=None, out=sys.stdout):
     """The demo; returns 0, or raises DemoError. simulated: True forces the simulated
     driver, False the system's, None picks (the GPU when the peer can initialise it)."""
@@ -94,6 +119,8 @@ def run_demo(library, peer, sim_dir, simulated=None, out=sys.stdout):
     base_env["LD_PRELOAD"] = library
     print(f"vmmipc demo on {where}", file=out)
     print(f"library: {library}", file=out)
+    print(file=out)
+    print(refusal_without_vmmipc(peer, dict(base_env, LD_PRELOAD="")), file=out)
     first = None
     for run in (1, 2):
         exporter = Peer(peer, dict(base_env, VMMIPC_RANK="0"))

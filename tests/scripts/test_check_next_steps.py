@@ -188,6 +188,11 @@ class SimulatedDriverTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             self.assertIn("vmmipc demo on the simulated CUDA driver", result.stdout)
             self.assertIn(f"library: {os.path.join(package, 'libvmmipc.so')}", result.stdout)
+            # First the driver's own answer without vmmipc, which the simulator reproduces.
+            self.assertRegex(result.stdout, r"without vmmipc \(pid \d+, no LD_PRELOAD\): "
+                             r"cuMemCreate \+ cuMemMap at 0x[0-9a-f]+, cuIpcGetMemHandle -> "
+                             r"CUDA_ERROR_INVALID_VALUE \(1\): the driver refuses VMM memory "
+                             r"for legacy IPC\n")
             self.assertIn("cuIpcOpenMemHandle -> 0x300000000000", result.stdout)
             # The zone as vmmipc-config settles it (the package's tool), not spelled out.
             self.assertIn("= import zone 0x300000000000 + slot 0 x 1 TiB + (address - region "
