@@ -36,10 +36,11 @@ if ! "${setup[@]}" >"$build_log" 2>&1; then
   exit 1
 fi
 echo "test: built in $((SECONDS - start)) s; running the tests (log: $BUILD_DIR/test.log)"
-junit=$BUILD_DIR/test-results.xml
+junit=$(cd "$BUILD_DIR" && pwd)/test-results.xml  # absolute: ctest takes it from the build folder
+rm -f "$junit"
 rc=0
 ctest --test-dir "$BUILD_DIR" "${select[@]}" --output-on-failure -j "$(nproc)" \
-  --output-junit "$PWD/$junit" "$@" >"$BUILD_DIR/test.log" 2>&1 || rc=$?
+  --output-junit "$junit" "$@" >"$BUILD_DIR/test.log" 2>&1 || rc=$?
 extra=()
 ((all)) || extra=(--not-run "fuzz targets and benchmarks' smoke runs: scripts/test.sh --all (.ci/run)")
 python3 scripts/test-summary.py "$junit" --log "$BUILD_DIR/test.log" "${extra[@]}" ||
