@@ -4,16 +4,13 @@
 // vmmipc-config) print the same lines from one place.
 #include "config/cross_settings.h"
 
-#include <fmt/format.h>
-
 namespace vmmipc::config {
 
 void AddCrossSettingWarnings(Params* params) {
-  if (params->prefetch != 0 && !params->follow)
-    params->warnings.push_back(fmt::format(
-        "VMMIPC_PREFETCH={} does nothing without VMMIPC_FOLLOW=1 (its events drop what was "
-        "prefetched when the exporter unmaps it); set both, in every process",
-        params->prefetch));
+  if (params->ahead && !params->follow)
+    params->warnings.push_back(
+        "VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0 (announcements come over the follow "
+        "connection, and its events drop what was mapped ahead when the exporter unmaps it)");
 }
 
 }  // namespace vmmipc::config

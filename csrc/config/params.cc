@@ -325,18 +325,6 @@ bool EnabledByEnvironment() {
   return enabled;
 }
 
-namespace {
-
-// Values that are fine alone but do nothing, or less than they say, together.
-void WarnAcrossSettings(Params* params) {
-  if (params->ahead && !params->follow)
-    params->warnings.push_back(
-        "VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0 (announcements come over the follow "
-        "connection, and its events drop what was mapped ahead when the exporter unmaps it)");
-}
-
-}  // namespace
-
 Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   // Defaults first, from the same table text that the docs show; then the
   // environment. Each value is fine on its own; together they must still
@@ -346,7 +334,6 @@ Params Parse(const EnvLookup& lookup, const std::vector<std::string>& names) {
   ParseVariables(lookup, &params);
   SettleLayout(&params);
   SettleRank(lookup, &params);
-  WarnAcrossSettings(&params);
   ParseUnknownNames(lookup, names, &params);
   AddCrossSettingWarnings(&params);
   return params;

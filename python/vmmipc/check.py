@@ -198,6 +198,18 @@ def check_process(report, config):
     if not config["VMMIPC_ENABLE"]:
         report.line("warn", "config", "VMMIPC_ENABLE=0: every hook passes through to the driver",
                     "VMMIPC_ENABLE=0 turns vmmipc off")
+    if config["VMMIPC_FOLLOW"]:
+        report.line("info", "follow", "on (the default): importers follow a memory saver's pause "
+                    "and resume; an exporter says once, at its first unmap of such memory, when an "
+                    "importer of it does not follow (VMMIPC_STATS: unfollowed_unmaps)")
+    else:
+        report.line("warn", "follow", "VMMIPC_FOLLOW=0: legacy IPC's semantics: memory this "
+                    "process opens stays allocated when its exporter frees it and a memory saver's "
+                    "resume is not seen here; importers of its memory are not told of its frees",
+                    "VMMIPC_FOLLOW=0 (a memory saver's peers keep the old memory)")
+    if config["VMMIPC_AHEAD"]:
+        report.line("info", "ahead", "VMMIPC_AHEAD=1: announced handles are mapped ahead of "
+                    "the application's opens (set it in every process)")
     if not config["VMMIPC_FORCE_POSIX_FD"]:
         report.line("warn", "config", "VMMIPC_FORCE_POSIX_FD=0: only memory created with POSIX-"
                     "fd export can be shared", "VMMIPC_FORCE_POSIX_FD=0")

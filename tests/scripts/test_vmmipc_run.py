@@ -338,13 +338,25 @@ class LauncherShowsTheToolTest(unittest.TestCase):
 
     def test_check_shows_what_settings_do_together_as_the_library_says_it(self):
         # One list (csrc/config/cross_settings.cc) feeds the library's log and the tool.
-        env = dict(VMMIPC_CUDA_LIBRARY=NO_DRIVER, VMMIPC_PREFETCH="1", VMMIPC_FOLLOW="0")
+        env = dict(VMMIPC_CUDA_LIBRARY=NO_DRIVER, VMMIPC_AHEAD="1", VMMIPC_FOLLOW="0")
         _, report, _ = tool(**env)
-        line = ("VMMIPC_PREFETCH=1 does nothing without VMMIPC_FOLLOW=1 (its events drop what "
-                "was prefetched when the exporter unmaps it); set both, in every process")
+        line = ("VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0 (announcements come over the "
+                "follow connection, and its events drop what was mapped ahead when the exporter "
+                "unmaps it)")
         self.assertIn(line, report["warnings"])
         result = run(["--lib", OPTIONS.lib, "--check"], clean_env(**env))
         self.assertIn(f"[WARN] config          {line}", result.stdout.splitlines())
+
+    def test_check_says_whether_this_process_follows(self):
+        # Follow is the default (issue 43): --check says so; VMMIPC_FOLLOW=0 is a warning.
+        base = dict(VMMIPC_CUDA_LIBRARY=NO_DRIVER)
+        lines = run(["--lib", OPTIONS.lib, "--check"], clean_env(**base)).stdout.splitlines()
+        self.assertTrue(any(l.startswith("[info] follow          on (the default)") for l in lines),
+                        lines)
+        off = run(["--lib", OPTIONS.lib, "--check"],
+                  clean_env(VMMIPC_FOLLOW="0", **base)).stdout.splitlines()
+        self.assertTrue(any(l.startswith("[WARN] follow          VMMIPC_FOLLOW=0: legacy IPC's")
+                            for l in off), off)
 
     def test_options_are_settled_by_the_tool(self):
         result = run(["--lib", OPTIONS.lib, "--log-level", "Warning", "--print-env"], clean_env())

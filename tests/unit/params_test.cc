@@ -138,11 +138,12 @@ TEST(Params, ARefusedRankIsTreatedAsUnset) {
 // the library's log and vmmipc-config (--check) carry the same line.
 TEST(Params, SettingsThatDoNothingTogetherAreWarnedAbout) {
   const std::string line =
-      "VMMIPC_PREFETCH=2 does nothing without VMMIPC_FOLLOW=1 (its events drop what was "
-      "prefetched when the exporter unmaps it); set both, in every process";
-  EXPECT_EQ(ParseWith({{"VMMIPC_PREFETCH", "2"}, {"VMMIPC_FOLLOW", "0"}}).warnings,
+      "VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0 (announcements come over the follow "
+      "connection, and its events drop what was mapped ahead when the exporter unmaps it)";
+  EXPECT_EQ(ParseWith({{"VMMIPC_AHEAD", "1"}, {"VMMIPC_FOLLOW", "0"}}).warnings,
             std::vector<std::string>{line});
-  EXPECT_TRUE(ParseWith({{"VMMIPC_PREFETCH", "2"}, {"VMMIPC_FOLLOW", "1"}}).warnings.empty());
+  EXPECT_TRUE(ParseWith({{"VMMIPC_AHEAD", "1"}, {"VMMIPC_FOLLOW", "1"}}).warnings.empty());
+  EXPECT_TRUE(ParseWith({{"VMMIPC_AHEAD", "1"}}).warnings.empty());  // follow is the default
   EXPECT_TRUE(ParseWith({{"VMMIPC_FOLLOW", "0"}}).warnings.empty());
 }
 
@@ -596,16 +597,6 @@ TEST(Params, TheRetiredPrefetchLevelsReadAsAhead) {
   EXPECT_FALSE(both.ahead);
   ASSERT_EQ(both.warnings.size(), 1u);
   EXPECT_NE(both.warnings[0].find("ignoring VMMIPC_PREFETCH='3'"), std::string::npos);
-}
-
-// Ahead rides on follow: with follow off it does nothing, and says so.
-TEST(Params, AheadWithoutFollowIsSaidToDoNothing) {
-  Params p = ParseWith({{"VMMIPC_AHEAD", "1"}, {"VMMIPC_FOLLOW", "0"}});
-  ASSERT_EQ(p.warnings.size(), 1u);
-  EXPECT_NE(p.warnings[0].find("VMMIPC_AHEAD=1 does nothing with VMMIPC_FOLLOW=0"),
-            std::string::npos)
-      << p.warnings[0];
-  EXPECT_TRUE(ParseWith({{"VMMIPC_AHEAD", "1"}}).warnings.empty());
 }
 
 // The user's table holds what users set; the rest is marked for tests.
