@@ -118,23 +118,29 @@ inline int SettledFdsOf(pid_t pid, int expected, int quiet_ms = 300, int bound_m
 // any other) sleeps in poll: where an open waits for its exporter's answer
 // once its request is sent. Read from /proc/<pid>/task/<tid>/syscall, whose
 // first field is the number of the system call the thread is blocked in.
-inline bool WaitsInPoll(pid_t pid, bool main_thread) {
+// PollingThreads counts them: vmmipc's own threads (the listener's, the
+// follow thread) wait in poll too, so a test that waits for one open in poll
+// compares with the count from before the open.
+inline int PollingThreads(pid_t pid, bool main_thread) {
   const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
   DIR* d = opendir(tasks.c_str());
-  if (d == nullptr) return false;
-  bool polling = false;
+  if (d == nullptr) return 0;
+  int polling = 0;
   while (dirent* e = readdir(d)) {
     if (e->d_name[0] == '.' || (std::to_string(pid) == e->d_name) != main_thread) continue;
     std::ifstream in(tasks + "/" + e->d_name + "/syscall");
     long number = -1;
     if (!(in >> number)) continue;  // "running"
 #ifdef SYS_poll
-    polling = polling || number == SYS_poll;
+    if (number == SYS_poll) ++polling;
 #endif
-    polling = polling || number == SYS_ppoll;
+    if (number == SYS_ppoll) ++polling;
   }
   closedir(d);
   return polling;
+}
+inline bool WaitsInPoll(pid_t pid, bool main_thread) {
+  return PollingThreads(pid, main_thread) > 0;
 }
 
 // How many threads of `pid` other than its main one sleep (nanosleep or
