@@ -7,14 +7,16 @@
 #      measured in the same rank processes; rounds rotate which mode goes first;
 #   2. the SGLang-style registration (sglang_registration.py: 64 x 8 MiB tensors, two ranks),
 #      gaps 0 and 0.5 s, lanes legacy, vmmipc (off), background (on) and SGLang's own VMM path
-#      when an sglang package is importable; needs PyTorch and cuda.bindings;
+#      when --sglang-src names a folder holding sglang/srt/utils/cuda_vmm_utils.py or an sglang
+#      package is importable; needs PyTorch and cuda.bindings;
 #   3. the allocation paths (background_export_cost.py: 8 GiB of expandable-segment growth,
 #      cudaMemcpy traffic while mapped, the free, a memory saver's resume when
 #      torch_memory_saver is importable; fds and threads at rest), off and on alternated.
 # Then export_off_path_report.py writes OUT/report.md (medians, ratios from the same runs) and
 # prints SUMMARY lines. Each part has a share of --budget-s and starts nothing past it.
 #
-# Usage: run_export_off_path.sh [--build DIR] [--out DIR] [--budget-s S] [--python PY] [--sim]
+# Usage: run_export_off_path.sh [--build DIR] [--out DIR] [--budget-s S] [--python PY]
+#                               [--sglang-src DIR] [--sim]
 #   --out defaults to $OUT (the device's output folder), else ./export-off-path.
 #   --sim: on the simulated driver (DIR/sim), part 1 in small only: the scripts' own check.
 # Exit: 0 when every run that ran saw right data; 1 otherwise (a missed target is a result).
@@ -23,12 +25,14 @@ set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BUILD=$ROOT/build OUT_DIR=${OUT:-$PWD/export-off-path} BUDGET=450 PYTHON=python3 SIM=0
+SGLANG_SRC=
 while (($#)); do
   case $1 in
     --build) BUILD=$2; shift 2 ;;
     --out) OUT_DIR=$2; shift 2 ;;
     --budget-s) BUDGET=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
+    --sglang-src) SGLANG_SRC=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --sim) SIM=1; shift ;;
     *) echo "run_export_off_path.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -99,7 +103,7 @@ elif ! "$PYTHON" -c "import torch, cuda.bindings; assert torch.cuda.is_available
   echo "export-off-path: sglang-style and allocation paths not run: no PyTorch with CUDA and" \
     "cuda.bindings in $PYTHON"
 else
-  SGLANG_SRC=$("$PYTHON" -c "import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))" \
+  [[ -n $SGLANG_SRC ]] || SGLANG_SRC=$("$PYTHON" -c "import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))" \
     2>/dev/null)
   lanes=(legacy,vmmipc,background legacy,background,vmmipc)
   extra=()
