@@ -5,7 +5,9 @@
 //  - cuMemMap records each mapping (with everything get will need) so that
 //    get makes no driver call; cuMemUnmap takes the records out before the
 //    driver unmaps. With follow on, both tell the importers (core/follow.h);
-//    with the background export on, cuMemMap queues the chunk for it.
+//    with the background export on, cuMemMap queues the chunk for it, and
+//    both are busy work that pauses it (an export beside a map or an unmap
+//    slows the application's allocation: a memory saver's resume or pause).
 #include "common/log.h"
 #include "config/params.h"
 #include "core/device_memory.h"
@@ -50,6 +52,7 @@ CUresult MemRelease(CUmemGenericAllocationHandle handle) {
 
 CUresult MemMap(CUdeviceptr pointer, size_t size, size_t offset,
                 CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  BusyScope busy(BackgroundIfOn());
   const CUresult result = VMMIPC_REAL(MemMap, pointer, size, offset, handle, flags);
   if (result != CUDA_SUCCESS) return result;
   // Everything get will need, asked once here (a map costs far more anyway).
@@ -81,6 +84,7 @@ CUresult MemUnmap(CUdeviceptr pointer, size_t size) {
   // whose memory the driver has already taken away (a torn run), and a new
   // mapping made at the same place by another thread right after the driver's
   // unmap is never erased by this one's late bookkeeping.
+  BusyScope busy(BackgroundIfOn());
   ProcessState& state = State();
   ledger::TakenMappings taken = state.exporter.mappings().Take(pointer, size);
   // A pause: importers that hold these chunks unmap them first (follow).

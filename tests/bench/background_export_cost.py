@@ -11,9 +11,13 @@ process per measurement, medians of --repeats:
              300 ms, at most 20 s): what the background export keeps
   free       the tensors dropped and torch.cuda.empty_cache() (the unmaps close the kept fds)
   resume     a memory saver's resume of --gib GiB (torch_memory_saver: pause, then resume
-             timed), when torch_memory_saver is importable; else said, not measured
+             timed), in a child of its own: the saver wants its library in LD_PRELOAD (before
+             vmmipc's) and refuses expandable segments. torch_memory_saver installed, or its
+             wheel (--wheel, $MEMORY_SAVER_WHEEL, .whl/torch_memory_saver-*.whl), as
+             tests/python/memory_saver_check.py finds it; else said, not measured
 
   background_export_cost.py --lib build/csrc/libvmmipc.so [--gib 8] [--repeats 3] [--json PATH]
+      [--wheel W]
 
 Prints a table (off, on, on/off per measurement) and, with --json, the same as JSON.
 Exit 0 when every child ran; 1 otherwise.
@@ -24,7 +28,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+import memory_saver_check as saver_check  # noqa: E402  (finds and preloads torch_memory_saver)
 
 MEASURES = ("growth_ms", "memcpy_ms", "free_ms", "resume_ms", "rest_fds", "rest_threads",
             "fds_kept_by_mode")
@@ -49,14 +59,19 @@ def at_rest(quiet_s=0.3, bound_s=20.0):
     return last, count("/proc/self/task")
 
 
-def child(gib):
+def cuda_device():
     import torch
 
-    result = {"mode": os.environ.get("VMMIPC_BACKGROUND_EXPORT", "0")}
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.empty(1, device=device)  # the context
     torch.cuda.synchronize()
+    return torch, device
+
+
+def child_allocation(gib):
+    torch, device = cuda_device()
+    result = {}
     fresh_fds, _ = at_rest()
     piece = 512 << 20
     pieces = max(1, (gib << 30) // piece)
@@ -77,29 +92,56 @@ def child(gib):
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     result["free_ms"] = (time.perf_counter() - t0) * 1e3
-    try:
-        from torch_memory_saver import torch_memory_saver as saver
-    except Exception as e:  # noqa: BLE001 - any import failure means: not measured
-        result["resume_ms"] = None
-        result["resume_note"] = "torch_memory_saver not importable (%s): not measured" % (
-            type(e).__name__)
-    else:
-        try:
-            with saver.region():
-                held = torch.empty(gib << 30, dtype=torch.uint8, device=device)
-            torch.cuda.synchronize()
-            saver.pause()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            saver.resume()
-            torch.cuda.synchronize()
-            result["resume_ms"] = (time.perf_counter() - t0) * 1e3
-            del held
-        except Exception as e:  # noqa: BLE001 - reported, not fatal
-            result["resume_ms"] = None
-            result["resume_note"] = "torch_memory_saver failed: %s: %s" % (type(e).__name__, e)
+    return result
+
+
+def child_resume(gib):
+    """A memory saver's resume of gib GiB, timed (the saver's library preloaded)."""
+    torch, device = cuda_device()
+    from torch_memory_saver import torch_memory_saver as saver
+
+    with saver.region():
+        held = torch.empty(gib << 30, dtype=torch.uint8, device=device)
+    torch.cuda.synchronize()
+    saver.pause()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    saver.resume()
+    torch.cuda.synchronize()
+    result = {"resume_ms": (time.perf_counter() - t0) * 1e3}
+    del held
+    return result
+
+
+def child(gib, part):
+    result = child_allocation(gib) if part == "allocation" else child_resume(gib)
+    result["mode"] = os.environ.get("VMMIPC_BACKGROUND_EXPORT", "0")
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def run_child(env, part, args):
+    """The child's RESULT dict; raises on a failed child."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", part,
+                          "--gib", str(args.gib)], env=env, capture_output=True, text=True,
+                         timeout=args.timeout_s)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def saver_environment(base, wheel, notes):
+    """The resume child's environment (the saver's library first in LD_PRELOAD), or None."""
+    folder = tempfile.mkdtemp(prefix="background-export-cost-")
+    try:
+        env, how = saver_check.prepare_saver(
+            types.SimpleNamespace(wheel=wheel, saver_order="saver-first"), base, folder)
+    except saver_check._Skip as exc:  # pylint: disable=protected-access
+        notes.add("resume not measured: %s" % exc)
+        return None
+    print("background_export_cost: torch_memory_saver: %s" % how, flush=True)
+    return env
 
 
 def main():
@@ -109,35 +151,32 @@ def main():
     parser.add_argument("--gib", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout-s", type=int, default=120)
+    parser.add_argument("--wheel", help="a torch_memory_saver wheel, when it is not installed")
     parser.add_argument("--json")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("allocation", "resume"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.gib)
+        return child(args.gib, args.child)
     if not args.lib:
         parser.error("--lib is required")
     runs = {"0": [], "1": []}
     notes, failed = set(), []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VMMIPC_")}
+    base["LD_PRELOAD"] = os.path.abspath(args.lib)
+    saver_env = saver_environment(base, args.wheel, notes)
     for rep in range(args.repeats):
         for mode in (("0", "1") if rep % 2 == 0 else ("1", "0")):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("VMMIPC_")}
-            env.update(LD_PRELOAD=os.path.abspath(args.lib), VMMIPC_BACKGROUND_EXPORT=mode,
-                       PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-            try:
-                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
-                                      "--gib", str(args.gib)], env=env, capture_output=True,
-                                     text=True, timeout=args.timeout_s)
-                lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-                if out.returncode != 0 or not lines:
-                    raise RuntimeError("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
-            except Exception as e:  # noqa: BLE001 - a failed child is reported, the rest go on
-                failed.append("background export %s rep %d: %s" % (mode, rep, e))
-                print("FAILED: " + failed[-1], flush=True)
-                continue
-            result = json.loads(lines[-1][len("RESULT "):])
+            result = {}
+            parts = [("allocation", dict(base, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"))]
+            if saver_env is not None:
+                parts.append(("resume", saver_env))
+            for part, env in parts:
+                try:
+                    result.update(run_child(dict(env, VMMIPC_BACKGROUND_EXPORT=mode), part, args))
+                except Exception as e:  # noqa: BLE001 - a failed child is reported, the rest go on
+                    failed.append("background export %s rep %d %s: %s" % (mode, rep, part, e))
+                    print("FAILED: " + failed[-1], flush=True)
             runs[mode].append(result)
-            if result.get("resume_note"):
-                notes.add(result["resume_note"])
             print("background_export_cost: background export %s rep %d: %s" % (
                 "on" if mode == "1" else "off", rep,
                 ", ".join("%s %s" % (k, "%.1f" % v if isinstance(v, float) else v)

@@ -4,8 +4,9 @@
 // and never in a process that maps none (nor with the setting off), and what
 // it keeps at rest is one fd per mapped chunk; a chunk freed before it is
 // shared keeps no fd, also when the free comes during its export; nothing is
-// exported while the process opens a handle or its listener serves a
-// request (each held open by the test: a stopped exporter, a delayed export);
+// exported while the process maps, opens a handle or its listener serves a
+// request (each held open by the test: a delayed map, a stopped exporter, a
+// delayed export); an exit during an export waits for it;
 // past its share of the fd cache it leaves chunks to their get, which
 // exports them as before; a fork during an export leaves the child none of
 // its fds, and the parent goes on.
@@ -17,6 +18,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "e2e_layout.h"
 #include "logged_peer_test.h"
@@ -191,7 +193,7 @@ TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessOpens) {
   const bool waiting =
       WaitUntil([&] { return PollingThreads(exporter->pid(), false) > polling; }, 5000);
   const uint64_t b = VmmBuffer(*exporter, "b", 1, 16);
-  const bool paused = LogShows(*exporter, "chunk(s) wait for the opens, requests or gets", 5000);
+  const bool paused = LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000);
   const bool exported_meanwhile = Log(*exporter).find("exported " + Hex(b)) != std::string::npos;
   ASSERT_EQ(kill(other->pid(), SIGCONT), 0);
   EXPECT_TRUE(waiting) << "the open did not wait for the stopped exporter";
@@ -223,7 +225,7 @@ TEST_F(BackgroundExport, NothingIsExportedWhileTheListenerServes) {
   ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
       << "the serving's export did not start";
   const uint64_t b = VmmBuffer(*exporter, "b", 1, 18);
-  EXPECT_TRUE(LogShows(*exporter, "chunk(s) wait for the opens, requests or gets", 5000))
+  EXPECT_TRUE(LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000))
       << "the background export did not wait for the request being served";
   const std::string pointer = Value(importer->Call("open_bg_result u", 30000));
   ASSERT_FALSE(pointer.empty());
@@ -283,6 +285,62 @@ TEST_F(BackgroundExport, AForkDuringAnExportLeavesTheChildNoneOfIt) {
   ASSERT_TRUE(Exported(*exporter, b));
   OpenCheckClose(*importer, Handle(*exporter, b), kChunk, 22);
   EXPECT_EQ(StatsCounter(Report(&exporter), "fds_exported"), 2u);
+}
+
+// Nothing is exported while this process maps: the second chunk's map of b,
+// held by the simulator, holds back the export of the first, queued before.
+TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessMaps) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed map";
+  auto exporter = ExportingPeer("exporter", "0");
+  ASSERT_TRUE(exporter);
+  (void)Warm(*exporter);
+  const auto exports = [&] {
+    const std::string log = Log(*exporter);
+    size_t n = 0;
+    for (size_t at = log.find("background export: exported"); at != std::string::npos;
+         at = log.find("background export: exported", at + 1))
+      ++n;
+    return n;
+  };
+  const size_t before = exports();
+  ASSERT_EQ(exporter->Call("inject_delay cuMemMap 2 3000"), "ok");
+  std::string reply;
+  std::thread alloc([&] { reply = exporter->Call("alloc_vmm b " + Hex(kChunk) + " 2", 30000); });
+  const bool paused =
+      LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000);
+  const size_t meanwhile = exports();
+  alloc.join();
+  const uint64_t b = Num(Value(reply));
+  ASSERT_NE(b, 0u) << reply;
+  EXPECT_TRUE(paused) << "the background export did not wait for the map";
+  EXPECT_EQ(meanwhile, before) << "a chunk was exported while b's second chunk was mapped";
+  EXPECT_TRUE(Exported(*exporter, b)) << "b was not exported once the map ended";
+  EXPECT_TRUE(Exported(*exporter, b + kChunk));
+}
+
+// An exit during an export waits for it: the driver tears itself down as the
+// process exits, and an export that runs on into that crashes it. The
+// simulator holds b's export; the exit comes meanwhile, and the export still
+// ends (logged) before the process is gone.
+TEST_F(BackgroundExport, AnExitDuringAnExportWaitsForIt) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed export";
+  auto exporter = ExportingPeer("exporter", "0");
+  ASSERT_TRUE(exporter);
+  (void)Warm(*exporter);
+  const int sleeping = SleepingThreads(exporter->pid());
+  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1500"), "ok");
+  const uint64_t b = VmmBuffer(*exporter, "b", 1, 23);
+  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
+      << "b's export did not start";
+  ASSERT_EQ(Log(*exporter).find("background export: exported " + Hex(b)), std::string::npos)
+      << "b's export ended before the exit";
+  // No answer: its stdout closes when it has exited, exit handlers run.
+  EXPECT_EQ(exporter->Call("exit_now 0", 30000), "");
+  exporter->Kill();  // only reaps it
+  const std::string log = ExitLog(&exporter);
+  EXPECT_NE(log.find("background export: exported " + Hex(b)), std::string::npos)
+      << "the process exited during b's export:\n"
+      << log;
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ int simcuda_inject_failure(const char* name, unsigned int nth, int code);
 
 // Makes the nth next call of `name` wait `ms` milliseconds before it does its work, without
 // holding the simulator's lock (other threads' calls go on meanwhile): a window in which a test
-// can change what the delayed call works on. cuMemExportToShareableHandle and
+// can change what the delayed call works on. cuMemMap, cuMemExportToShareableHandle and
 // cuMemImportFromShareableHandle honour it.
 // Returns 0, or -1 on a bad argument.
 int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms);

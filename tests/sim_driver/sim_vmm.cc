@@ -194,6 +194,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
   State& s = St();
+  simcuda::DelayIfAsked(s, "cuMemMap");
   std::lock_guard<std::mutex> lock(s.mu);
   if (CUresult r = simcuda::Enter(s, "cuMemMap"); r != CUDA_SUCCESS) return r;
   uintptr_t base = static_cast<uintptr_t>(ptr);

@@ -2,7 +2,8 @@
 // stand-in export function: no thread before the first chunk, one export per
 // chunk in order, none while busy work runs (a hold point: the test holds the
 // work open, never a sleep), busy work that begins during an export waits
-// for that one only, a fork waits for an export in progress, the queue's
+// for that one only, a fork waits for an export in progress, so does the
+// exit (and no export begins after it), the queue's
 // bound, and the fd cap's arithmetic (core/export/export_ahead.h).
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -189,6 +191,48 @@ TEST_F(BackgroundExportTest, AForkWaitsForTheExportInProgress) {
   forker.join();
   EXPECT_TRUE(blocked) << "the fork's prepare handler did not wait for the export";
   EXPECT_LT(g_export_ended_at, prepared_at.load());
+}
+
+// The exit handler's stop (StopForExit) that comes while an export runs
+// waits for it to end, and no export begins after it: the chunk queued
+// behind stays queued. The stopping thread is seen blocked before the
+// export is let go.
+TEST_F(BackgroundExportTest, AnExitWaitsForTheExportInProgressAndNoneBeginsAfter) {
+  auto background = std::make_unique<BackgroundExport>(microseconds(0), microseconds(0));
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_hold = true;
+  }
+  ASSERT_TRUE(background->Queue({0x1000, 1}, StandInExport, nullptr));
+  ASSERT_TRUE(WaitFor([] { return g_held; }));
+  ASSERT_TRUE(background->Queue({0x2000, 1}, StandInExport, nullptr));
+  // StopForExit's hold is its thread's: the same thread destroys the object
+  // (which lets the hold go, in tests) once the checks below are done.
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> stopped_at{-1};
+  std::atomic<bool> checked{false};
+  std::thread stopper([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    background->StopForExit();
+    stopped_at = g_sequence.fetch_add(1);
+    Eventually([&] { return checked.load(); });
+    background.reset();
+  });
+  const bool blocked = Eventually([&] { return tid != 0; }) &&
+                       Eventually([&] { return Sleeps(tid) || stopped_at >= 0; }) &&
+                       stopped_at < 0;
+  Release();
+  const bool stopped = Eventually([&] { return stopped_at >= 0; });
+  const bool queued_after = stopped && background->Queue({0x3000, 1}, StandInExport, nullptr);
+  const size_t left = stopped ? background->queued() : 0;
+  checked = true;
+  stopper.join();
+  ASSERT_TRUE(stopped);
+  EXPECT_TRUE(blocked) << "the exit's stop did not wait for the export";
+  EXPECT_LT(g_export_ended_at, stopped_at.load());
+  EXPECT_FALSE(queued_after) << "a chunk was queued after the stop";
+  EXPECT_EQ(left, 1u) << "the chunk behind the export was taken";
+  EXPECT_EQ(Exported(), 1u) << "an export began after the stop";
 }
 
 // The queue's bound: past it a chunk is left to its get (false).

@@ -4,8 +4,9 @@
 // fd to dup. The cuMemMap hook queues each chunk that get could share; the
 // thread (started by the first such map, never before) exports them one at a
 // time, at most one per `interval`, and never beside the driver work it would
-// slow down (measured on an H200: an export beside a peer's imports made them
-// 2-3x slower): work that is "busy" (Busy/BusyEnds: this process's opens, the
+// slow down (an export beside a peer's imports made them 2-3x slower; one
+// beside a memory saver's resume made the resume ten times longer): work that
+// is "busy" (BusyBegins/BusyEnds: this process's maps, unmaps and opens, the
 // requests its listener serves, the exports its gets make) pauses it, and it
 // goes on only `quiet` after the last of that work ended.
 //
@@ -35,6 +36,15 @@
 //    keep-alive's): the fork handler takes it first (ExportSide::PrepareFork),
 //    in the same order. The child has no such thread, and a fresh state
 //    (core/process_state.cc): its own first map starts its own.
+//  - exit vs an export: the driver tears itself down as the process exits
+//    (its own exit handlers), and an export that runs on into that teardown
+//    crashes the process (seen on an H100: SIGSEGV in a process that exited
+//    right after a memory saver's resume). The thread's start registers an
+//    exit handler (once per process; its registration runs after the driver's,
+//    so it runs before the driver's teardown) that stops the thread and takes
+//    the fork lock for good: it waits for the one export in progress, and none
+//    begins after it (StopForExit). A forked child's copy of the handler acts
+//    only on a thread the child started itself (the owner's pid).
 //  - the queue is bounded (kMaxQueued): a chunk that does not fit is left to
 //    its get, which exports it as without this thread.
 #pragma once
@@ -77,6 +87,11 @@ class BackgroundExport {
   // Stops the thread and joins it (tests: the process state is never destroyed).
   ~BackgroundExport();
 
+  // The exit handler's: no export begins from now on, and one in progress
+  // has ended when this returns (the header, "exit vs an export"). The
+  // thread is not joined: the exiting process takes it down.
+  void StopForExit() noexcept;
+
   // From the cuMemMap hook: queues `chunk` for `export_fn`, starting the
   // thread on the first call (with `context`, the CUcontext of the mapping
   // thread, for context()). False when it is left to its get: the queue is
@@ -85,7 +100,8 @@ class BackgroundExport {
   // The context the first queued chunk was mapped in, for the thread.
   void* context() const { return context_.load(std::memory_order_acquire); }
 
-  // Work the exports must not run beside begins and ends (BusyScope).
+  // Work the exports must not run beside begins and ends (BusyScope): the
+  // application's maps, unmaps and opens, the requests served, gets' exports.
   void BusyBegins() noexcept { busy_.fetch_add(1); }
   void BusyEnds() noexcept;
 
@@ -125,10 +141,11 @@ class BackgroundExport {
   std::atomic<bool> waiting_{false};       // the thread waits for busy work to end
 
   ForkMutex export_fork_mutex_;  // held by the thread across one export (above)
+  bool exit_hold_ = false;       // StopForExit holds export_fork_mutex_ (its thread's)
 };
 
 // Busy work for the life of this scope, when the background export is on:
-// the application's open, a request served, a get's export.
+// the application's map, unmap or open, a request served, a get's export.
 class BusyScope {
  public:
   explicit BusyScope(BackgroundExport* background) : background_(background) {
