@@ -37,9 +37,9 @@
 //    in the same order. The child has no such thread, and a fresh state
 //    (core/process_state.cc): its own first map starts its own.
 //  - exit vs an export: the driver tears itself down as the process exits
-//    (its own exit handlers), and an export that runs on into that teardown
-//    crashes the process (seen on an H100: SIGSEGV in a process that exited
-//    right after a memory saver's resume). The thread's start registers an
+//    (its own exit handlers), and an export must not run on into that
+//    teardown (processes with this on that exited right after a memory
+//    saver's resume ended in SIGSEGV). The thread's start registers an
 //    exit handler (once per process; its registration runs after the driver's,
 //    so it runs before the driver's teardown) that stops the thread and takes
 //    the fork lock for good: it waits for the one export in progress, and none
