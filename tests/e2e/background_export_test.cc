@@ -193,7 +193,8 @@ TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessOpens) {
   const bool waiting =
       WaitUntil([&] { return PollingThreads(exporter->pid(), false) > polling; }, 5000);
   const uint64_t b = VmmBuffer(*exporter, "b", 1, 16);
-  const bool paused = LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000);
+  const bool paused =
+      LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000);
   const bool exported_meanwhile = Log(*exporter).find("exported " + Hex(b)) != std::string::npos;
   ASSERT_EQ(kill(other->pid(), SIGCONT), 0);
   EXPECT_TRUE(waiting) << "the open did not wait for the stopped exporter";
@@ -225,7 +226,8 @@ TEST_F(BackgroundExport, NothingIsExportedWhileTheListenerServes) {
   ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
       << "the serving's export did not start";
   const uint64_t b = VmmBuffer(*exporter, "b", 1, 18);
-  EXPECT_TRUE(LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000))
+  EXPECT_TRUE(
+      LogShows(*exporter, "chunk(s) wait for the maps, unmaps, opens, requests or gets", 5000))
       << "the background export did not wait for the request being served";
   const std::string pointer = Value(importer->Call("open_bg_result u", 30000));
   ASSERT_FALSE(pointer.empty());

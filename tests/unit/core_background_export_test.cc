@@ -219,8 +219,7 @@ TEST_F(BackgroundExportTest, AnExitWaitsForTheExportInProgressAndNoneBeginsAfter
     background.reset();
   });
   const bool blocked = Eventually([&] { return tid != 0; }) &&
-                       Eventually([&] { return Sleeps(tid) || stopped_at >= 0; }) &&
-                       stopped_at < 0;
+                       Eventually([&] { return Sleeps(tid) || stopped_at >= 0; }) && stopped_at < 0;
   Release();
   const bool stopped = Eventually([&] { return stopped_at >= 0; });
   const bool queued_after = stopped && background->Queue({0x3000, 1}, StandInExport, nullptr);

@@ -38,8 +38,9 @@ void GuardExit(BackgroundExport* owner) {
   g_exit_owner.store(owner, std::memory_order_release);
   if (!g_exit_handler.exchange(true) && std::atexit(StopAtExit) != 0) {
     g_exit_handler = false;
-    VMMIPC_LOG_WARN("background export: no exit handler could be registered; an export in "
-                    "progress at exit may meet the driver's teardown");
+    VMMIPC_LOG_WARN(
+        "background export: no exit handler could be registered; an export in "
+        "progress at exit may meet the driver's teardown");
   }
 }
 
