@@ -97,6 +97,19 @@ class BackgroundExport : public LoggedPeerTest {
     return SteadyFdsOf(p.pid());
   }
 
+  // Maps one chunk, `name`, whose background export the simulator holds
+  // (`delay`: an inject_delay command), and returns it once that export has
+  // begun (one more of the peer's threads asleep).
+  uint64_t MapWithItsExportHeld(PeerProcess& p, const std::string& delay, const std::string& name,
+                                int seed) {
+    const int sleeping = SleepingThreads(p.pid());
+    EXPECT_EQ(p.Call(delay), "ok");
+    const uint64_t base = VmmBuffer(p, name, 1, seed);
+    EXPECT_TRUE(WaitUntil([&] { return SleepingThreads(p.pid()) > sleeping; }, 5000))
+        << name << "'s export did not start";
+    return base;
+  }
+
   std::string Report(std::unique_ptr<PeerProcess>* peer) {
     const std::string log = ExitLog(peer);
     EXPECT_NE(log.find("stats at exit:"), std::string::npos) << "no VMMIPC_STATS report";
@@ -274,11 +287,8 @@ TEST_F(BackgroundExport, AForkDuringAnExportLeavesTheChildNoneOfIt) {
   auto importer = Peer("importer", "1");
   ASSERT_TRUE(exporter && importer);
   (void)Warm(*exporter);
-  const int sleeping = SleepingThreads(exporter->pid());
-  ASSERT_EQ(exporter->Call("inject_delay_after cuMemExportToShareableHandle 1 2000"), "ok");
-  const uint64_t b = VmmBuffer(*exporter, "b", 1, 22);
-  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
-      << "b's export did not start";
+  const uint64_t b = MapWithItsExportHeld(
+      *exporter, "inject_delay_after cuMemExportToShareableHandle 1 2000", "b", 22);
   std::istringstream counts(Value(exporter->Call("fork_exported_fds", 30000)));
   int parent = -1, child = -1;
   counts >> parent >> child;
@@ -329,11 +339,8 @@ TEST_F(BackgroundExport, AnExitDuringAnExportWaitsForIt) {
   auto exporter = ExportingPeer("exporter", "0");
   ASSERT_TRUE(exporter);
   (void)Warm(*exporter);
-  const int sleeping = SleepingThreads(exporter->pid());
-  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1500"), "ok");
-  const uint64_t b = VmmBuffer(*exporter, "b", 1, 23);
-  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
-      << "b's export did not start";
+  const uint64_t b =
+      MapWithItsExportHeld(*exporter, "inject_delay cuMemExportToShareableHandle 1 1500", "b", 23);
   ASSERT_EQ(Log(*exporter).find("background export: exported " + Hex(b)), std::string::npos)
       << "b's export ended before the exit";
   // No answer: its stdout closes when it has exited, exit handlers run.
