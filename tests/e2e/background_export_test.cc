@@ -4,9 +4,9 @@
 // and never in a process that maps none (nor with the setting off), and what
 // it keeps at rest is one fd per mapped chunk; a chunk freed before it is
 // shared keeps no fd, also when the free comes during its export; nothing is
-// exported while the process maps, opens a handle or its listener serves a
-// request (each held open by the test: a delayed map, a stopped exporter, a
-// delayed export); an exit during an export waits for it;
+// exported while the process maps or unmaps, opens a handle or its listener
+// serves a request (each held open by the test: a delayed map or unmap, a
+// stopped exporter, a delayed export); an exit during an export waits for it;
 // past its share of the fd cache it leaves chunks to their get, which
 // exports them as before; a fork during an export leaves the child none of
 // its fds, and the parent goes on.
@@ -306,14 +306,7 @@ TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessMaps) {
   auto exporter = ExportingPeer("exporter", "0");
   ASSERT_TRUE(exporter);
   (void)Warm(*exporter);
-  const auto exports = [&] {
-    const std::string log = Log(*exporter);
-    size_t n = 0;
-    for (size_t at = log.find("background export: exported"); at != std::string::npos;
-         at = log.find("background export: exported", at + 1))
-      ++n;
-    return n;
-  };
+  const auto exports = [&] { return Occurrences(Log(*exporter), "background export: exported"); };
   const size_t before = exports();
   ASSERT_EQ(exporter->Call("inject_delay cuMemMap 2 3000"), "ok");
   std::string reply;
@@ -328,6 +321,36 @@ TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessMaps) {
   EXPECT_EQ(meanwhile, before) << "a chunk was exported while b's second chunk was mapped";
   EXPECT_TRUE(Exported(*exporter, b)) << "b was not exported once the map ended";
   EXPECT_TRUE(Exported(*exporter, b + kChunk));
+}
+
+// Nor while it unmaps: c, mapped during a's held export, waits in the queue;
+// z's unmap, held by the simulator, begins before a's export ends, so the
+// thread, done with a, must find the unmap in progress and wait for it.
+TEST_F(BackgroundExport, NothingIsExportedWhileThisProcessUnmaps) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed export and unmap";
+  auto exporter = ExportingPeer("exporter", "0");
+  ASSERT_TRUE(exporter);
+  (void)Warm(*exporter);
+  const uint64_t z = VmmBuffer(*exporter, "z", 1, 31);
+  ASSERT_TRUE(Exported(*exporter, z));
+  const uint64_t a =
+      MapWithItsExportHeld(*exporter, "inject_delay cuMemExportToShareableHandle 1 1500", "a", 32);
+  const uint64_t c = VmmBuffer(*exporter, "c", 1, 33);
+  const std::string waits = "chunk(s) wait for the maps, unmaps, opens, requests or gets";
+  const size_t waited = Occurrences(Log(*exporter), waits);
+  ASSERT_EQ(exporter->Call("inject_delay cuMemUnmap 1 3000"), "ok");
+  std::string reply;
+  std::thread unmap([&] { reply = exporter->Call("free_vmm z", 30000); });
+  const bool a_exported = Exported(*exporter, a);
+  const bool paused = WaitUntil([&] { return Occurrences(Log(*exporter), waits) > waited; }, 5000);
+  const bool c_meanwhile =
+      Log(*exporter).find("background export: exported " + Hex(c)) != std::string::npos;
+  unmap.join();
+  EXPECT_EQ(reply, "ok") << reply;
+  EXPECT_TRUE(a_exported);
+  EXPECT_TRUE(paused) << "the background export did not wait for the unmap";
+  EXPECT_FALSE(c_meanwhile) << "c was exported while z was unmapped";
+  EXPECT_TRUE(Exported(*exporter, c)) << "c was not exported once the unmap ended";
 }
 
 // An exit during an export waits for it: the driver tears itself down as the

@@ -1148,6 +1148,33 @@ TEST_F(SimTest, InjectedFaultFiresOnTheNthCallOnly) {
   ASSERT_CU(cuMemAddressFree(r, 2 * kChunk));
 }
 
+// A delay is taken only for a call that honours it: one asked of any other
+// call would never come, and a test waiting on it would be testing nothing.
+TEST_F(SimTest, InjectedDelayIsRefusedForACallThatNeverWaits) {
+  EXPECT_EQ(0, simcuda_inject_delay("cuMemUnmap", 1, 1));
+  EXPECT_EQ(0, simcuda_inject_delay_after("cuMemExportToShareableHandle", 1, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay("cuMemRelease", 1, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay("cuMemUnmapp", 1, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay_after("cuMemMap", 1, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay(nullptr, 1, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay("cuMemMap", 0, 1));
+  EXPECT_EQ(-1, simcuda_inject_delay("cuMemMap", 1, 60001));
+  simcuda_clear_failures();  // the two taken above would fire below
+  // The unmap's delay is there and the unmap still works after it.
+  CUdeviceptr r = 0;
+  ASSERT_CU(cuMemAddressReserve(&r, kChunk, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp p = Prop();
+  ASSERT_CU(cuMemCreate(&h, kChunk, &p, 0));
+  ASSERT_CU(cuMemMap(r, kChunk, 0, h, 0));
+  ASSERT_EQ(0, simcuda_inject_delay("cuMemUnmap", 1, 200));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_CU(cuMemUnmap(r, kChunk));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  ASSERT_CU(cuMemRelease(h));
+  ASSERT_CU(cuMemAddressFree(r, kChunk));
+}
+
 TEST_F(SimTest, ConcurrentThreadsDoNotCorruptTheTables) {
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;

@@ -34,14 +34,15 @@ int simcuda_inject_failure(const char* name, unsigned int nth, int code);
 
 // Makes the nth next call of `name` wait `ms` milliseconds before it does its work, without
 // holding the simulator's lock (other threads' calls go on meanwhile): a window in which a test
-// can change what the delayed call works on. cuMemMap, cuMemExportToShareableHandle and
-// cuMemImportFromShareableHandle honour it.
-// Returns 0, or -1 on a bad argument.
+// can change what the delayed call works on. cuMemMap, cuMemUnmap, cuMemExportToShareableHandle
+// and cuMemImportFromShareableHandle honour it. Returns 0, or -1 on a bad argument (another call's
+// name among them: it would never wait).
 int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms);
 
 // The same, but the nth next call waits once its work is done, before it returns (its results,
 // an exported fd, already exist): a window in which a test can act while the caller holds them.
-// cuMemExportToShareableHandle honours it. Returns 0, or -1 on a bad argument.
+// cuMemExportToShareableHandle alone honours it. Returns 0, or -1 on a bad argument (another
+// call's name among them).
 int simcuda_inject_delay_after(const char* name, unsigned int nth, unsigned int ms);
 
 // Removes every pending injected fault and delay.

@@ -272,8 +272,26 @@ extern "C" int simcuda_inject_failure(const char* name, unsigned int nth, int co
   return 0;
 }
 
+namespace {
+
+// The calls that honour a delay (each calls DelayIfAsked or DelayAfterIfAsked):
+// a delay asked of any other would never come, and a test that waits on it
+// would pass or fail for the wrong reason.
+bool Delayable(const char* name, bool after) {
+  static constexpr const char* kBefore[] = {
+      "cuMemMap", "cuMemUnmap", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"};
+  if (name == nullptr) return false;
+  if (after) return std::strcmp(name, "cuMemExportToShareableHandle") == 0;
+  for (const char* known : kBefore) {
+    if (std::strcmp(name, known) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 extern "C" int simcuda_inject_delay(const char* name, unsigned int nth, unsigned int ms) {
-  if (name == nullptr || name[0] == '\0' || nth == 0 || ms == 0 || ms > 60000) return -1;
+  if (!Delayable(name, false) || nth == 0 || ms == 0 || ms > 60000) return -1;
   simcuda::State& s = St();
   std::lock_guard<std::mutex> lock(s.mu);
   s.delays.push_back({name, nth, ms});
@@ -281,7 +299,7 @@ extern "C" int simcuda_inject_delay(const char* name, unsigned int nth, unsigned
 }
 
 extern "C" int simcuda_inject_delay_after(const char* name, unsigned int nth, unsigned int ms) {
-  if (name == nullptr || name[0] == '\0' || nth == 0 || ms == 0 || ms > 60000) return -1;
+  if (!Delayable(name, true) || nth == 0 || ms == 0 || ms > 60000) return -1;
   simcuda::State& s = St();
   std::lock_guard<std::mutex> lock(s.mu);
   s.delays.push_back({name, nth, ms, true});

@@ -235,6 +235,7 @@ extern "C" int simcuda_mem_map(uint64_t ptr, uint64_t size, uint64_t offset, uin
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   State& s = St();
+  simcuda::DelayIfAsked(s, "cuMemUnmap");
   std::lock_guard<std::mutex> lock(s.mu);
   if (CUresult r = simcuda::Enter(s, "cuMemUnmap"); r != CUDA_SUCCESS) return r;
   uintptr_t base = static_cast<uintptr_t>(ptr);
