@@ -1,5 +1,6 @@
 // Simulated CUDA driver: initialisation, version, devices, primary contexts, error strings.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "sim_state.h"
@@ -67,6 +68,9 @@ CUresult cuInit(unsigned int flags) {
   simcuda::LoadEnvironment(s);
   if (s.device_count == 0) return CUDA_ERROR_NO_DEVICE;
   s.initialized = true;
+  // Once per process, as the driver registers its teardown at its initialization.
+  static const bool teardown = std::atexit(simcuda::TearDownAtExit) == 0;
+  (void)teardown;
   return CUDA_SUCCESS;
 }
 

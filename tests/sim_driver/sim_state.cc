@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -80,7 +81,21 @@ std::vector<CUcontext>& CtxStack() {
 }
 
 CUresult CheckInit(const State& s) {
+  if (s.torn_down) return CUDA_ERROR_DEINITIALIZED;
   return s.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+void TearDownAtExit() {
+  State& s = St();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.torn_down = true;
+  if (s.delayed_calls == 0) return;
+  char line[128];
+  const int n =
+      snprintf(line, sizeof(line), "simcuda: torn down at exit while %d call(s) were in progress\n",
+               s.delayed_calls);
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<size_t>(n));
+  _exit(139);  // not raise(SIGSEGV): a sanitizer's handler would report it as its own
 }
 
 CUresult Enter(State& s, const char* name) {
@@ -109,7 +124,14 @@ void DelayIfAsked(State& s, const char* name, bool after) {
       break;
     }
   }
-  if (ms > 0) usleep(ms * 1000u);
+  if (ms == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.delayed_calls;  // in progress: a teardown now crashes (TearDownAtExit)
+  }
+  usleep(ms * 1000u);
+  std::lock_guard<std::mutex> lock(s.mu);
+  --s.delayed_calls;
 }
 
 }  // namespace

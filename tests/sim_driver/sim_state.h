@@ -119,10 +119,22 @@ struct State {
   std::map<uintptr_t, LegacyImport> imports;
   std::vector<Fault> faults;
   std::vector<Delay> delays;
+  // The driver's teardown at exit (TearDownAtExit, registered by cuInit):
+  // the calls waiting in an injected delay then, and whether it has run.
+  int delayed_calls = 0;
+  bool torn_down = false;
 };
 
 // The one state object: built on first use, never destroyed (safe in atexit handlers).
 State& St();
+
+// The driver's teardown as the process exits, registered with std::atexit by
+// the first cuInit that succeeds (as the driver registers its own): a call in
+// progress then (one waiting in an injected delay) crashes the real driver,
+// so this writes "simcuda: torn down at exit while N call(s) were in
+// progress" to stderr and ends the process with status 139, as a SIGSEGV
+// would; calls after it answer CUDA_ERROR_DEINITIALIZED.
+void TearDownAtExit();
 
 // The calling thread's current context (nullptr if none).
 CUcontext& CurrentCtx();
