@@ -1,6 +1,7 @@
 // StartQuietThread: a std::thread that starts with every signal blocked and a
 // name, for vmmipc's own threads inside a host process: the host's signal
-// handlers must never run on them (they may assume their own threads). And
+// handlers must never run on them (they may assume their own threads), and
+// whose driver calls pass the exit gate (common/exit_gate.h). And
 // StopQuietThread: the end of such a worker that waits on a condition.
 #pragma once
 
@@ -12,6 +13,8 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+
+#include "common/exit_gate.h"
 
 namespace vmmipc {
 
@@ -25,6 +28,7 @@ std::unique_ptr<std::thread> StartQuietThread(const char* name, Body body) {
   try {
     thread = std::make_unique<std::thread>([name, body = std::move(body)]() mutable {
       pthread_setname_np(pthread_self(), name);
+      MarkVmmipcThread();  // its driver calls pass the exit gate
       body();
     });
   } catch (...) {

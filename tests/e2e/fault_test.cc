@@ -1678,5 +1678,38 @@ TEST_F(Fault, EveryDescriptorVmmipcOpensIsCloexec) {
   EXPECT_EQ(importer->Call("close " + ptr), "ok");
 }
 
+// An exit while the listener serves a request waits for the request's
+// export (the exit gate, common/exit_gate.h): the driver tears itself down
+// as the process exits, and the simulator's teardown, like the driver's,
+// crashes the process (status 139, a line on stderr) if a call is still in
+// progress then. The simulator holds the export of an untracked chunk that
+// a peer's open asked for; the exporter exits meanwhile.
+TEST_F(Fault, AnExitWhileTheListenerServesWaitsForTheRequestsExport) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed export and its teardown";
+  auto exporter = Peer("exporter", "0");
+  auto importer = Peer("importer", "1");
+  ASSERT_TRUE(exporter && importer);
+  const uint64_t u = Num(Value(exporter->Call("alloc_vmm_untracked u " + Hex(kChunk))));
+  ASSERT_NE(u, 0u);
+  const std::string handle = Handle(*exporter, u);
+  const int sleeping = SleepingThreads(exporter->pid());
+  ASSERT_EQ(exporter->Call("inject_delay cuMemExportToShareableHandle 1 1500"), "ok");
+  ASSERT_EQ(importer->Call("open_bg " + handle + " u"), "ok");
+  ASSERT_TRUE(WaitUntil([&] { return SleepingThreads(exporter->pid()) > sleeping; }, 5000))
+      << "the request's export did not start";
+  EXPECT_EQ(exporter->Call("exit_now 0", 30000), "");  // no answer: it has exited
+  exporter->Kill();                                    // only reaps it
+  const std::string log = ExitLog(&exporter);
+  EXPECT_EQ(log.find("simcuda: torn down at exit"), std::string::npos)
+      << "the exit did not wait for the request's export:\n"
+      << log;
+  // The open fails cleanly or works; either way it answers, and leaves nothing.
+  const std::string opened = importer->Call("open_bg_result u", 30000);
+  if (opened.rfind("ok ", 0) == 0)
+    EXPECT_EQ(importer->Call("close " + Value(opened)), "ok");
+  else
+    EXPECT_EQ(opened.rfind("err ", 0), 0u) << opened;
+}
+
 }  // namespace
 }  // namespace vmmipc::testing

@@ -22,6 +22,7 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "e2e_layout.h"
 #include "logged_peer_test.h"
@@ -718,6 +719,35 @@ TEST_F(Follow, AGraphCapturedBeforeThePauseReplaysOnTheResumedMemory) {
   EXPECT_EQ(importer->Call("check " + Hex(local) + " " + Hex(size) + " 19"), "ok")
       << "the replayed graph did not read the resumed memory";
   EXPECT_EQ(importer->Call("close " + s.ptr), "ok");
+}
+
+// An importer that exits while its follow thread maps a resumed chunk
+// waits for the map (the exit gate, common/exit_gate.h): the simulator's
+// teardown at exit, like the driver's, crashes the process (status 139, a
+// line on stderr) if a call is still in progress then. The simulator holds
+// the importer's map of the resumed memory; the importer exits meanwhile,
+// and the exporter's resume still ends.
+TEST_F(Follow, AnImporterThatExitsDuringAResumesMapWaitsForTheMap) {
+  if (!Sim()) GTEST_SKIP() << "needs the simulator's delayed map and its teardown";
+  auto [exporter, importer, base, size, s] = ShareBuffer(1, 1);
+  ASSERT_TRUE(exporter && importer);
+  ASSERT_FALSE(s.ptr.empty());
+  ASSERT_EQ(exporter->Call("pause a"), "ok");
+  EXPECT_EQ(Settled(*importer, s.baseline), s.baseline);
+  const int sleeping = SleepingThreads(importer->pid());
+  ASSERT_EQ(importer->Call("inject_delay cuMemMap 1 1500"), "ok");
+  std::string resumed;
+  std::thread resume([&] { resumed = exporter->Call("resume a", 30000); });
+  const bool mapping = WaitUntil([&] { return SleepingThreads(importer->pid()) > sleeping; }, 5000);
+  EXPECT_EQ(importer->Call("exit_now 0", 30000), "");  // no answer: it has exited
+  importer->Kill();                                    // only reaps it
+  resume.join();
+  ASSERT_TRUE(mapping) << "the follow thread's map did not start";
+  const std::string log = ExitLog(&importer);
+  EXPECT_EQ(log.find("simcuda: torn down at exit"), std::string::npos)
+      << "the exit did not wait for the follow thread's map:\n"
+      << log;
+  EXPECT_EQ(resumed, "ok");
 }
 
 }  // namespace

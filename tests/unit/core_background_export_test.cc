@@ -3,8 +3,9 @@
 // chunk in order, none while busy work runs (a hold point: the test holds the
 // work open, never a sleep), busy work that begins during an export waits
 // for that one only, a fork waits for an export in progress, so does the
-// exit (and no export begins after it), the queue's
+// exit (the exit gate's close; no export begins after it), the queue's
 // bound, and the fd cap's arithmetic (core/export/export_ahead.h).
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/exit_gate.h"
 #include "core/export/background_export.h"
 #include "core/export/export_ahead.h"
 
@@ -89,6 +91,22 @@ bool Sleeps(pid_t tid) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = text.rfind(')');
   return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'S';
+}
+
+// How many threads of this process are named `name`.
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string comm;
+    std::getline(in, comm);
+    n += comm == name;
+  }
+  closedir(d);
+  return n;
 }
 
 // Lets a held export go at the end of its scope: declared after the
@@ -193,45 +211,43 @@ TEST_F(BackgroundExportTest, AForkWaitsForTheExportInProgress) {
   EXPECT_LT(g_export_ended_at, prepared_at.load());
 }
 
-// The exit handler's stop (StopForExit) that comes while an export runs
-// waits for it to end, and no export begins after it: the chunk queued
-// behind stays queued. The stopping thread is seen blocked before the
-// export is let go.
+// The exit (the exit gate's close, common/exit_gate.h) that comes while an
+// export runs waits for it to end, and no export begins after it: the chunk
+// queued behind stays queued and the thread ends. The closing thread is seen
+// blocked before the export is let go.
 TEST_F(BackgroundExportTest, AnExitWaitsForTheExportInProgressAndNoneBeginsAfter) {
-  auto background = std::make_unique<BackgroundExport>(microseconds(0), microseconds(0));
+  BackgroundExport background(microseconds(0), microseconds(0));
+  ReleaseAtEnd release_at_end;
+  struct ReopenAtEnd {
+    ~ReopenAtEnd() { ReopenExitGateForTests(); }
+  } reopen_at_end;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_hold = true;
   }
-  ASSERT_TRUE(background->Queue({0x1000, 1}, StandInExport, nullptr));
+  ASSERT_TRUE(background.Queue({0x1000, 1}, StandInExport, nullptr));
   ASSERT_TRUE(WaitFor([] { return g_held; }));
-  ASSERT_TRUE(background->Queue({0x2000, 1}, StandInExport, nullptr));
-  // StopForExit's hold is its thread's: the same thread destroys the object
-  // (which lets the hold go, in tests) once the checks below are done.
+  ASSERT_TRUE(background.Queue({0x2000, 1}, StandInExport, nullptr));
   std::atomic<pid_t> tid{0};
-  std::atomic<int> stopped_at{-1};
-  std::atomic<bool> checked{false};
-  std::thread stopper([&] {
+  std::atomic<int> closed_at{-1};
+  std::atomic<bool> none_left{false};
+  std::thread closer([&] {
     tid = static_cast<pid_t>(syscall(SYS_gettid));
-    background->StopForExit();
-    stopped_at = g_sequence.fetch_add(1);
-    Eventually([&] { return checked.load(); });
-    background.reset();
+    none_left = CloseExitGate();
+    closed_at = g_sequence.fetch_add(1);
   });
   const bool blocked = Eventually([&] { return tid != 0; }) &&
-                       Eventually([&] { return Sleeps(tid) || stopped_at >= 0; }) && stopped_at < 0;
+                       Eventually([&] { return Sleeps(tid) || closed_at >= 0; }) && closed_at < 0;
   Release();
-  const bool stopped = Eventually([&] { return stopped_at >= 0; });
-  const bool queued_after = stopped && background->Queue({0x3000, 1}, StandInExport, nullptr);
-  const size_t left = stopped ? background->queued() : 0;
-  checked = true;
-  stopper.join();
-  ASSERT_TRUE(stopped);
-  EXPECT_TRUE(blocked) << "the exit's stop did not wait for the export";
-  EXPECT_LT(g_export_ended_at, stopped_at.load());
-  EXPECT_FALSE(queued_after) << "a chunk was queued after the stop";
-  EXPECT_EQ(left, 1u) << "the chunk behind the export was taken";
-  EXPECT_EQ(Exported(), 1u) << "an export began after the stop";
+  closer.join();
+  EXPECT_TRUE(blocked) << "the exit did not wait for the export";
+  EXPECT_TRUE(none_left);
+  EXPECT_LT(g_export_ended_at, closed_at.load());
+  // The thread ends by itself, without taking the chunk behind.
+  EXPECT_TRUE(Eventually([] { return ThreadsNamed("vmmipc-export") == 0; }))
+      << "the thread went on after the exit";
+  EXPECT_EQ(background.queued(), 1u) << "the chunk behind the export was taken";
+  EXPECT_EQ(Exported(), 1u) << "an export began after the exit";
 }
 
 // The queue's bound: past it a chunk is left to its get (false).

@@ -2,10 +2,7 @@
 // says the orders).
 #include "core/export/background_export.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
-
+#include "common/exit_gate.h"
 #include "common/log.h"
 #include "common/quiet_thread.h"
 
@@ -18,32 +15,6 @@ int64_t NowNs() {
       .count();
 }
 
-// The exit handler's object: the one whose thread runs, and the pid of the
-// process that started it (a forked child inherits the handler, not the
-// thread).
-constinit std::atomic<BackgroundExport*> g_exit_owner{nullptr};
-constinit std::atomic<pid_t> g_exit_owner_pid{0};
-constinit std::atomic<bool> g_exit_handler{false};
-
-void StopAtExit() {
-  BackgroundExport* owner = g_exit_owner.load(std::memory_order_acquire);
-  if (owner != nullptr && g_exit_owner_pid.load(std::memory_order_acquire) == ::getpid())
-    owner->StopForExit();
-}
-
-// With the thread's start, never at load (nothing at load may fail). A
-// registration that fails leaves the exit unguarded, said once.
-void GuardExit(BackgroundExport* owner) {
-  g_exit_owner_pid.store(::getpid(), std::memory_order_release);
-  g_exit_owner.store(owner, std::memory_order_release);
-  if (!g_exit_handler.exchange(true) && std::atexit(StopAtExit) != 0) {
-    g_exit_handler = false;
-    VMMIPC_LOG_WARN(
-        "background export: no exit handler could be registered; an export in "
-        "progress at exit may meet the driver's teardown");
-  }
-}
-
 }  // namespace
 
 bool BackgroundExport::Queue(const Chunk& chunk, ExportFn export_fn, void* context) noexcept {
@@ -53,7 +24,6 @@ bool BackgroundExport::Queue(const Chunk& chunk, ExportFn export_fn, void* conte
     if (!thread_) {
       context_.store(context, std::memory_order_release);
       thread_ = StartQuietThread("vmmipc-export", [this, export_fn] { Loop(export_fn); });
-      GuardExit(this);
     }
     queue_.push_back(chunk);
   } catch (...) {
@@ -123,10 +93,15 @@ void BackgroundExport::Loop(ExportFn export_fn) {
     wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (!WaitForQuiet(lock)) return;
     if (queue_.empty()) continue;
+    if (ExitGateClosed()) return;  // the process exits: the queue stays
     const Chunk chunk = queue_.front();
     queue_.pop_front();
     lock.unlock();
     {
+      // The whole export passes the exit gate: an exit waits for it, and
+      // none begins after one (the header, "exit vs an export").
+      ExitGatePass pass;
+      if (!pass.open()) return;
       // Across the export and until its fd is cached or closed: a fork waits
       // for it (the header, "fork vs an export").
       std::lock_guard<ForkMutex> fork_hold(export_fork_mutex_);
@@ -138,27 +113,6 @@ void BackgroundExport::Loop(ExportFn export_fn) {
   }
 }
 
-void BackgroundExport::StopForExit() noexcept {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  // Held until the process is gone: the export in progress ends first, and
-  // the thread, should it pass its stop check now, waits here for good. Not
-  // from a thread that holds a fork lock (it could be this one's).
-  if (ThisThreadHoldsForkLocks() || exit_hold_) return;
-  export_fork_mutex_.lock();
-  exit_hold_ = true;
-}
-
-BackgroundExport::~BackgroundExport() {
-  BackgroundExport* self = this;
-  g_exit_owner.compare_exchange_strong(self, nullptr);
-  // Tests only (the process state is never destroyed): a StopForExit's hold
-  // is let go, on its thread, so that the join cannot wait on it.
-  if (exit_hold_) export_fork_mutex_.unlock();
-  StopQuietThread(mutex_, wake_, &stop_, &thread_);
-}
+BackgroundExport::~BackgroundExport() { StopQuietThread(mutex_, wake_, &stop_, &thread_); }
 
 }  // namespace vmmipc::core

@@ -36,15 +36,12 @@
 //    keep-alive's): the fork handler takes it first (ExportSide::PrepareFork),
 //    in the same order. The child has no such thread, and a fresh state
 //    (core/process_state.cc): its own first map starts its own.
-//  - exit vs an export: the driver tears itself down as the process exits
-//    (its own exit handlers), and an export must not run on into that
-//    teardown (processes with this on that exited right after a memory
-//    saver's resume ended in SIGSEGV). The thread's start registers an
-//    exit handler (once per process; its registration runs after the driver's,
-//    so it runs before the driver's teardown) that stops the thread and takes
-//    the fork lock for good: it waits for the one export in progress, and none
-//    begins after it (StopForExit). A forked child's copy of the handler acts
-//    only on a thread the child started itself (the owner's pid).
+//  - exit vs an export: the driver tears itself down as the process exits,
+//    and an export must not run on into that teardown (processes with this
+//    on that exited right after a memory saver's resume ended in SIGSEGV).
+//    Each export, from its first driver call to its fd's caching, is one
+//    pass of the exit gate (common/exit_gate.h): the exit waits for the one
+//    in progress, and none begins after it (the thread ends, its queue left).
 //  - the queue is bounded (kMaxQueued): a chunk that does not fit is left to
 //    its get, which exports it as without this thread.
 #pragma once
@@ -86,11 +83,6 @@ class BackgroundExport {
   BackgroundExport& operator=(const BackgroundExport&) = delete;
   // Stops the thread and joins it (tests: the process state is never destroyed).
   ~BackgroundExport();
-
-  // The exit handler's: no export begins from now on, and one in progress
-  // has ended when this returns (the header, "exit vs an export"). The
-  // thread is not joined: the exiting process takes it down.
-  void StopForExit() noexcept;
 
   // From the cuMemMap hook: queues `chunk` for `export_fn`, starting the
   // thread on the first call (with `context`, the CUcontext of the mapping
@@ -141,7 +133,6 @@ class BackgroundExport {
   std::atomic<bool> waiting_{false};       // the thread waits for busy work to end
 
   ForkMutex export_fork_mutex_;  // held by the thread across one export (above)
-  bool exit_hold_ = false;       // StopForExit holds export_fork_mutex_ (its thread's)
 };
 
 // Busy work for the life of this scope, when the background export is on:
