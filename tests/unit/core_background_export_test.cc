@@ -22,9 +22,14 @@
 #include "common/exit_gate.h"
 #include "core/export/background_export.h"
 #include "core/export/export_ahead.h"
+#include "thread_watch.h"
 
 namespace vmmipc::core {
 namespace {
+
+using ::vmmipc::testing::Eventually;
+using ::vmmipc::testing::Sleeps;
+using ::vmmipc::testing::ThreadsNamed;
 
 using std::chrono::microseconds;
 
@@ -64,16 +69,6 @@ bool WaitFor(Done done) {
   return g_changed.wait_for(lock, std::chrono::seconds(10), done);
 }
 
-template <typename Done>
-bool Eventually(Done done) {
-  for (int i = 0; i < 10000; ++i) {
-    if (done()) return true;
-    std::this_thread::yield();
-    usleep(1000);
-  }
-  return false;
-}
-
 size_t Exported() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_exported.size();
@@ -83,30 +78,6 @@ void Release() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_hold = false;
   g_changed.notify_all();
-}
-
-// Whether thread `tid` of this process sleeps (blocked: a futex wait).
-bool Sleeps(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'S';
-}
-
-// How many threads of this process are named `name`.
-int ThreadsNamed(const std::string& name) {
-  int n = 0;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string comm;
-    std::getline(in, comm);
-    n += comm == name;
-  }
-  closedir(d);
-  return n;
 }
 
 // Lets a held export go at the end of its scope: declared after the

@@ -24,28 +24,15 @@
 
 #include "common/quiet_thread.h"
 #include "core/real.h"
+#include "thread_watch.h"
 
 namespace vmmipc {
 namespace {
 
+using ::vmmipc::testing::Eventually;
+using ::vmmipc::testing::Sleeps;
+
 using std::chrono::milliseconds;
-
-// Whether thread `tid` of this process sleeps (blocked: a futex wait).
-bool Sleeps(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'S';
-}
-
-template <typename Done>
-bool Eventually(Done done) {
-  for (int i = 0; i < 10000; ++i) {
-    if (done()) return true;
-    usleep(1000);
-  }
-  return false;
-}
 
 // A thread that holds a pass until told to let it go (the hold point), and
 // can take a second one inside it on request.
