@@ -33,6 +33,15 @@ std::condition_variable& GateWake() {
 
 void CloseAtExit() { (void)CloseExitGate(); }
 
+// After a pass ends once the gate is closed: the closer looks at the count
+// again (every end, not only the last: the closer may hold passes of its
+// own). Under the mutex, so that the wake cannot fall between its look and
+// its wait.
+void WakeTheCloser() {
+  std::lock_guard<std::mutex> lock(GateMutex());
+  GateWake().notify_all();
+}
+
 // The child has only the forking thread: no other thread's pass is in
 // progress there, and the forking thread holds none (vmmipc's threads never
 // fork). Its exit is its own, whenever the parent's comes. The mutex needs
@@ -65,20 +74,16 @@ ExitGatePass::ExitGatePass() noexcept {
     ++t_passes;
     return;
   }
-  // Backs out; the closer may be waiting for this count.
-  if (g_in_flight.fetch_sub(1) == 1) {
-    std::lock_guard<std::mutex> lock(GateMutex());
-    GateWake().notify_all();
-  }
+  // Backs out; the closer may have counted it.
+  g_in_flight.fetch_sub(1);
+  WakeTheCloser();
 }
 
 ExitGatePass::~ExitGatePass() {
   if (!open_) return;
   --t_passes;
-  if (g_in_flight.fetch_sub(1) == 1 && g_closed.load()) {
-    std::lock_guard<std::mutex> lock(GateMutex());
-    GateWake().notify_all();
-  }
+  g_in_flight.fetch_sub(1);
+  if (g_closed.load()) WakeTheCloser();
 }
 
 bool ExitGateClosed() noexcept { return g_closed.load(); }

@@ -13,9 +13,10 @@
 //  - a pass vs the close: a pass counts itself in flight, then reads the
 //    closed flag; the close sets the flag, then reads the count (all
 //    seq_cst): so either the pass sees the gate closed and backs out, or the
-//    close sees it in flight and waits for it. The last pass out wakes the
-//    closer (under mutex_, so that the wake cannot fall between its look
-//    and its wait).
+//    close sees it in flight and waits for it. Every pass that ends (or
+//    backs out) after the close wakes the closer, which looks at the count
+//    again (under the gate's mutex, so that the wake cannot fall between its
+//    look and its wait).
 //  - the close vs the driver's teardown: the handler is registered with
 //    std::atexit when vmmipc's first thread starts (never at load), after
 //    the program has called into the driver, whose teardown is registered
