@@ -63,8 +63,8 @@ class ExitGatePass {
   bool open_;
 };
 
-// Whether the gate is closed (the process exits): a loop of vmmipc's stops
-// taking new work.
+// Whether the gate is closed (the process exits): whether a refused status
+// was the gate's (core/real.h RefusedAtExit).
 bool ExitGateClosed() noexcept;
 
 // The exit handler's work: closes the gate and waits for the passes in

@@ -93,15 +93,14 @@ void BackgroundExport::Loop(ExportFn export_fn) {
     wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (!WaitForQuiet(lock)) return;
     if (queue_.empty()) continue;
-    if (ExitGateClosed()) return;  // the process exits: the queue stays
-    const Chunk chunk = queue_.front();
-    queue_.pop_front();
-    lock.unlock();
     {
       // The whole export passes the exit gate: an exit waits for it, and
       // none begins after one (the header, "exit vs an export").
       ExitGatePass pass;
-      if (!pass.open()) return;
+      if (!pass.open()) return;  // the process exits: the queue stays
+      const Chunk chunk = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
       // Across the export and until its fd is cached or closed: a fork waits
       // for it (the header, "fork vs an export").
       std::lock_guard<ForkMutex> fork_hold(export_fork_mutex_);
